@@ -1,0 +1,299 @@
+"""Dataflow, Stream and KeyedStream, and the `operator` decorator.
+
+A `Dataflow` is built by calling operators (`flowspark.operators`). Each
+operator is a function decorated with `operator`: the decorator checks the
+step id, gives the call a fully qualified id (`"flow.parent.step"`) and
+records it in the operator tree. Only the *core* operators add steps to the
+graph runtimes execute; every other operator is a composite of them.
+
+```python
+from flowspark.dataflow import Dataflow, operator
+import flowspark.operators as op
+
+@operator
+def add_one(step_id, up):
+    return op.map("add", up, lambda x: x + 1)
+```
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Callable, Generic, Optional, TypeVar
+
+from typing_extensions import TypeAlias
+
+from flowspark.errors import DuplicateStepError, FlowsparkBuildError, FlowsparkTypeError
+from flowspark.ir import Composite, Graph, Input, InspectDebug, Node, Output
+
+X = TypeVar("X")
+X_co = TypeVar("X_co", covariant=True)
+V = TypeVar("V")
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = ["Dataflow", "KeyedStream", "Stream", "operator"]
+
+
+def _check_id(kind: str, value: Any) -> str:
+    if not isinstance(value, str):
+        msg = f"{kind} must be a str; received {value!r} of type {type(value).__name__}"
+        raise FlowsparkTypeError(msg)
+    if value == "":
+        msg = f"{kind} must not be empty; give it a name like 'counts'"
+        raise FlowsparkBuildError(msg)
+    if "." in value:
+        msg = (
+            f"{kind} {value!r} contains a '.'; periods separate nested step ids, "
+            f"use '_' instead (e.g. {value.replace('.', '_')!r})"
+        )
+        raise FlowsparkBuildError(msg)
+    return value
+
+
+@dataclass
+class _Scope:
+    scope_id: str
+    children: set[str] = field(default_factory=set)
+    substeps: list[str] = field(default_factory=list)
+
+
+class Dataflow:
+    """A dataflow: a graph of steps that turn sources into sinks.
+
+    Args:
+        flow_id: Name of the dataflow; must be a non-empty `str` with no `.`.
+
+    Example:
+        >>> from flowspark.dataflow import Dataflow
+        >>> import flowspark.operators as op
+        >>> from flowspark.testing import TestingSource, TestingSink, run_main
+        >>> flow = Dataflow("example")
+        >>> s = op.input("inp", flow, TestingSource([1, 2, 3]))
+        >>> out = []
+        >>> op.output("out", op.map("double", s, lambda x: x * 2), TestingSink(out))
+        >>> run_main(flow)
+        >>> out
+        [2, 4, 6]
+    """
+
+    def __init__(self, flow_id: str) -> None:
+        """Create an empty dataflow named `flow_id`."""
+        self.flow_id = _check_id("flow_id", flow_id)
+        self._nodes: list[Node] = []
+        self._composites: list[Composite] = []
+        self._scopes: list[_Scope] = [_Scope(flow_id)]
+
+    def __repr__(self) -> str:
+        """Short description."""
+        return f"Dataflow({self.flow_id!r}, {len(self._nodes)} core steps)"
+
+    # -- building ---------------------------------------------------------
+    def _add_node(self, node: Node) -> None:
+        self._nodes.append(node)
+
+    def graph(self) -> Graph:
+        """Return the core-step graph runtimes execute.
+
+        Returns:
+            A frozen `Graph` of the steps added so far.
+        """
+        return Graph(self.flow_id, tuple(self._nodes), tuple(self._composites))
+
+    def validate(self) -> Graph:
+        """Check that the flow can run and return its graph.
+
+        Returns:
+            The graph.
+
+        Raises:
+            FlowsparkBuildError: The flow has no input, or no output or inspect step.
+        """
+        graph = self.graph()
+        if not any(isinstance(n, Input) for n in graph.nodes):
+            msg = f"dataflow {self.flow_id!r} has no input step; add one with `op.input(step_id, flow, source)`"
+            raise FlowsparkBuildError(msg)
+        if not any(isinstance(n, (Output, InspectDebug)) for n in graph.nodes):
+            msg = (
+                f"dataflow {self.flow_id!r} has no output or inspect step, so it would "
+                "produce nothing; add `op.output(step_id, stream, sink)` or `op.inspect(...)`"
+            )
+            raise FlowsparkBuildError(msg)
+        return graph
+
+
+class Stream(Generic[X_co]):
+    """A handle to the items flowing out of one step's port.
+
+    Streams are created by operators, never directly by users.
+    """
+
+    __slots__ = ("_flow", "stream_id")
+
+    def __init__(self, stream_id: str, flow: Dataflow) -> None:
+        """Name a stream of `flow`."""
+        self.stream_id = stream_id
+        self._flow = flow
+
+    def __repr__(self) -> str:
+        """Short description."""
+        return f"Stream({self.stream_id!r})"
+
+    def flow(self) -> Dataflow:
+        """Return the dataflow this stream belongs to.
+
+        Returns:
+            The `Dataflow`.
+        """
+        return self._flow
+
+    def then(self, op_fn: Callable[..., X], step_id: str, *args: Any, **kwargs: Any) -> X:
+        """Chain an operator: `s.then(op.map, "double", f)` is `op.map("double", s, f)`.
+
+        Args:
+            op_fn: An operator function.
+            step_id: The new step's id.
+            *args: More positional arguments after the stream.
+            **kwargs: Keyword arguments.
+
+        Returns:
+            Whatever the operator returns.
+        """
+        return op_fn(step_id, self, *args, **kwargs)
+
+
+KeyedStream: TypeAlias = "Stream[tuple[str, V]]"
+"""A stream of `(key, value)` 2-tuples; keys must be `str`."""
+
+
+def _streams_in(value: Any) -> list[Stream[Any]]:
+    if isinstance(value, Stream):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        out: list[Stream[Any]] = []
+        for v in value:
+            out.extend(_streams_in(v))
+        return out
+    if isinstance(value, dict):
+        out = []
+        for v in value.values():
+            out.extend(_streams_in(v))
+        return out
+    if is_dataclass(value) and not isinstance(value, type):
+        out = []
+        for f in fields(value):
+            out.extend(_streams_in(getattr(value, f.name)))
+        return out
+    return []
+
+
+def _find_flow(values: list[Any]) -> Optional[Dataflow]:
+    for v in values:
+        if isinstance(v, Dataflow):
+            return v
+    for v in values:
+        streams = _streams_in(v)
+        if streams:
+            return streams[0].flow()
+    return None
+
+
+def current_step_id(flow: Dataflow) -> str:
+    """Return the fully qualified id of the operator call being built.
+
+    Args:
+        flow: The dataflow.
+
+    Returns:
+        The id, e.g. `"flow.counts.stateful_batch"`.
+    """
+    return flow._scopes[-1].scope_id
+
+
+def operator(fn: Optional[F] = None, *, _core: bool = False) -> Any:
+    """Turn a function into a dataflow operator.
+
+    The function's first parameter must be `step_id`. It receives the fully
+    qualified id; steps it creates are nested under it. Stream arguments
+    (also inside lists and tuples, as for `*ups`) locate the dataflow.
+
+    Args:
+        fn: The operator function.
+        _core: Internal: marks the operators that add core steps.
+
+    Returns:
+        The wrapped operator.
+
+    Raises:
+        TypeError: `fn` has no `step_id` parameter.
+
+    Example:
+        >>> from flowspark.dataflow import Dataflow, operator
+        >>> from flowspark.testing import TestingSource, TestingSink, run_main
+        >>> import flowspark.operators as op
+        >>> @operator
+        ... def add_one(step_id, up):
+        ...     return op.map("add", up, lambda x: x + 1)
+        >>> flow = Dataflow("eg")
+        >>> s = add_one("plus", op.input("inp", flow, TestingSource([1])))
+        >>> out = []; op.output("out", s, TestingSink(out)); run_main(flow); out
+        [2]
+    """
+    if fn is None:
+        return functools.partial(operator, _core=_core)
+    sig = inspect.signature(fn)
+    if "step_id" not in sig.parameters:
+        msg = f"operator function {fn.__name__!r} requires a 'step_id' parameter"
+        raise TypeError(msg)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as ex:
+            msg = f"operator {fn.__name__!r}: {ex}"
+            raise FlowsparkTypeError(msg) from None
+        step_id = _check_id(f"step_id of operator {fn.__name__!r}", bound.arguments["step_id"])
+        values = list(bound.arguments.values())
+        flow = _find_flow(values)
+        if flow is None:
+            msg = (
+                f"operator {fn.__name__!r} (step {step_id!r}) received no Dataflow or Stream; "
+                f"pass the flow (for `input`) or an upstream stream"
+            )
+            raise FlowsparkTypeError(msg)
+        for s in _streams_in(values):
+            if s.flow() is not flow:
+                msg = (
+                    f"step {step_id!r}: stream {s.stream_id!r} belongs to another dataflow "
+                    f"({s.flow().flow_id!r}); streams cannot cross dataflows"
+                )
+                raise FlowsparkBuildError(msg)
+        parent = flow._scopes[-1]
+        fq = f"{parent.scope_id}.{step_id}"
+        if step_id in parent.children:
+            msg = f"step {fq!r} already exists; step ids must be unique within a dataflow"
+            raise DuplicateStepError(msg)
+        parent.children.add(step_id)
+        parent.substeps.append(fq)
+        scope = _Scope(fq)
+        flow._scopes.append(scope)
+        try:
+            bound.arguments["step_id"] = fq
+            result = fn(*bound.args, **bound.kwargs)
+        finally:
+            flow._scopes.pop()
+        flow._composites.append(
+            Composite(
+                step_id=fq,
+                name=fn.__name__,
+                ups=tuple(s.stream_id for s in _streams_in(values)),
+                downs=tuple(s.stream_id for s in _streams_in(result)),
+                substeps=tuple(scope.substeps),
+            )
+        )
+        return result
+
+    wrapper._flowspark_core = _core  # type: ignore[attr-defined]
+    return wrapper

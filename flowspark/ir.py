@@ -1,0 +1,233 @@
+"""The intermediate representation: the few core steps every runtime implements.
+
+A `Dataflow` records user operators as a tree of composites whose leaves are
+the core steps below. Runtimes only ever see a `Graph`: the core steps in
+creation order (which is a topological order: a step can only consume streams
+that already exist) plus the composite tree, kept for visualisation.
+
+Every stream is named by a string id (`"<step id>.<port>"`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Union
+
+
+@dataclass(frozen=True)
+class Input:
+    """Read a source. `source` is a `flowspark.inputs.Source`."""
+
+    step_id: str
+    source: Any
+    down: str
+
+    @property
+    def ups(self) -> tuple[str, ...]:
+        """Upstream stream ids."""
+        return ()
+
+    @property
+    def downs(self) -> tuple[str, ...]:
+        """Downstream stream ids."""
+        return (self.down,)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Write to a sink. `sink` is a `flowspark.outputs.Sink`."""
+
+    step_id: str
+    up: str
+    sink: Any
+
+    @property
+    def ups(self) -> tuple[str, ...]:
+        """Upstream stream ids."""
+        return (self.up,)
+
+    @property
+    def downs(self) -> tuple[str, ...]:
+        """Downstream stream ids."""
+        return ()
+
+
+@dataclass(frozen=True)
+class InspectDebug:
+    """Call `inspector(step_id, item, epoch, worker)` for each item; pass items on."""
+
+    step_id: str
+    up: str
+    inspector: Callable[[str, Any, int, int], None]
+    down: str
+
+    @property
+    def ups(self) -> tuple[str, ...]:
+        """Upstream stream ids."""
+        return (self.up,)
+
+    @property
+    def downs(self) -> tuple[str, ...]:
+        """Downstream stream ids."""
+        return (self.down,)
+
+
+@dataclass(frozen=True)
+class FlatMapBatch:
+    """Call `mapper(list_of_items) -> iterable` on each runtime batch."""
+
+    step_id: str
+    up: str
+    mapper: Callable[[list[Any]], Any]
+    down: str
+
+    @property
+    def ups(self) -> tuple[str, ...]:
+        """Upstream stream ids."""
+        return (self.up,)
+
+    @property
+    def downs(self) -> tuple[str, ...]:
+        """Downstream stream ids."""
+        return (self.down,)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """Split by `predicate(item) -> bool` into `trues` and `falses`."""
+
+    step_id: str
+    up: str
+    predicate: Callable[[Any], bool]
+    trues: str
+    falses: str
+
+    @property
+    def ups(self) -> tuple[str, ...]:
+        """Upstream stream ids."""
+        return (self.up,)
+
+    @property
+    def downs(self) -> tuple[str, ...]:
+        """Downstream stream ids."""
+        return (self.trues, self.falses)
+
+
+@dataclass(frozen=True)
+class Merge:
+    """Union of several streams; the order within each upstream is kept."""
+
+    step_id: str
+    ups_: tuple[str, ...]
+    down: str
+
+    @property
+    def ups(self) -> tuple[str, ...]:
+        """Upstream stream ids."""
+        return self.ups_
+
+    @property
+    def downs(self) -> tuple[str, ...]:
+        """Downstream stream ids."""
+        return (self.down,)
+
+
+@dataclass(frozen=True)
+class Redistribute:
+    """Spread items over workers (a no-op for a single worker)."""
+
+    step_id: str
+    up: str
+    down: str
+
+    @property
+    def ups(self) -> tuple[str, ...]:
+        """Upstream stream ids."""
+        return (self.up,)
+
+    @property
+    def downs(self) -> tuple[str, ...]:
+        """Downstream stream ids."""
+        return (self.down,)
+
+
+@dataclass(frozen=True)
+class StatefulBatch:
+    """Keyed state: `builder(resume_state | None) -> StatefulBatchLogic` per key."""
+
+    step_id: str
+    up: str
+    builder: Callable[[Any], Any]
+    down: str
+
+    @property
+    def ups(self) -> tuple[str, ...]:
+        """Upstream stream ids."""
+        return (self.up,)
+
+    @property
+    def downs(self) -> tuple[str, ...]:
+        """Downstream stream ids."""
+        return (self.down,)
+
+
+Node = Union[Input, Output, InspectDebug, FlatMapBatch, Branch, Merge, Redistribute, StatefulBatch]
+CORE_STEPS: tuple[type, ...] = (
+    Input,
+    Output,
+    InspectDebug,
+    FlatMapBatch,
+    Branch,
+    Merge,
+    Redistribute,
+    StatefulBatch,
+)
+
+
+@dataclass(frozen=True)
+class Composite:
+    """A user-visible operator call: its name, ports and sub-steps (for visualisation)."""
+
+    step_id: str
+    name: str
+    ups: tuple[str, ...]
+    downs: tuple[str, ...]
+    substeps: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A built dataflow: its core steps in topological order and its operator tree."""
+
+    flow_id: str
+    nodes: tuple[Node, ...]
+    composites: tuple[Composite, ...] = ()
+
+    def producers(self) -> dict[str, Node]:
+        """Map each stream id to the node that produces it."""
+        out: dict[str, Node] = {}
+        for node in self.nodes:
+            for down in node.downs:
+                out[down] = node
+        return out
+
+    def consumers(self) -> dict[str, list[Node]]:
+        """Map each stream id to the nodes that consume it, in creation order."""
+        out: dict[str, list[Node]] = {}
+        for node in self.nodes:
+            for up in node.ups:
+                out.setdefault(up, []).append(node)
+        return out
+
+
+def walk(graph: Graph) -> Iterator[Node]:
+    """Yield the core steps of `graph` in topological order.
+
+    Args:
+        graph: A built graph.
+
+    Yields:
+        Each core step, upstream steps before downstream ones.
+    """
+    yield from graph.nodes

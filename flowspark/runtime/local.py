@@ -1,0 +1,724 @@
+"""The in-memory executor: runs a dataflow's core steps in this thread.
+
+The executor works in *passes*. Each pass polls every source partition for up to
+`_BATCH_TARGET` items (several `next_batch` calls), then runs every core step
+once in topological order, so everything polled in a pass is fully processed by
+the end of it. A pass boundary is therefore a consistent cut, which is where
+epochs close and recovery snapshots are taken.
+
+Order guarantees: the items of one source partition keep their order through
+stateless steps; `merge` keeps each upstream's order; a stateful step sees each
+key's values in arrival order and, because it hands consecutive runs of the same
+key to `on_batch` in arrival order, its output keeps the input order too.
+
+Time: notifications (`notify_at`) are checked after every pass against
+`flowspark._time.utc_now()`, also while inputs are idle (PAUSE). With
+`clock="logical"` the executor uses no wall clock at all: see `run_main`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Iterable
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable, Optional
+
+from flowspark import ir
+from flowspark._time import use_clock, utc_now
+from flowspark.errors import FlowsparkCompileError, FlowsparkError, FlowsparkRuntimeError, FlowsparkTypeError
+from flowspark.inputs import (
+    AbortExecution,
+    DynamicSource,
+    FixedPartitionedSource,
+)
+from flowspark.operators import StatefulBatchLogic, StatefulLogic, _StatefulLogic
+from flowspark.outputs import DynamicSink, FixedPartitionedSink
+from flowspark.recovery import DELETED, RecoveryConfig, RecoveryStore
+
+__all__ = ["LogicalClock", "run_main"]
+
+_BATCH_TARGET = 1024
+_IDLE_SLEEP = 0.001
+
+
+class _Abort(Exception):  # noqa: N818
+    pass
+
+
+def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
+    if isinstance(ex, FlowsparkRuntimeError):
+        return ex
+    msg = f"error in step {step_id!r}: {type(ex).__name__}: {ex}"
+    err = FlowsparkRuntimeError(step_id, msg)
+    err.__cause__ = ex
+    return err
+
+
+class LogicalClock:
+    """A clock that moves only when told (used by `clock="logical"`)."""
+
+    def __init__(self, start: datetime) -> None:
+        """Start at `start`."""
+        self.now = start
+
+    def get(self) -> datetime:
+        """Return the clock's time.
+
+        Returns:
+            The time.
+        """
+        return self.now
+
+
+class _Rt:
+    """Run-time state of one core step."""
+
+    step_id: str
+    eof: bool = False
+
+    def step(self, ex: _Executor) -> None:
+        raise NotImplementedError
+
+    def snapshots(self, out: list[tuple[str, str, Any]], final: bool) -> None:
+        """Append this step's recovery snapshots."""
+
+    def next_wake(self) -> Optional[datetime]:
+        return None
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+class _InputRt(_Rt):
+    def __init__(self, node: ir.Input, resume: dict[str, Any]) -> None:
+        self.step_id = node.step_id
+        self.down = node.down
+        src = node.source
+        self.parts: list[tuple[str, Any]] = []
+        self.part_eof: dict[str, bool] = {}
+        self.final_snaps: dict[str, Any] = {}
+        self.stateful = isinstance(src, FixedPartitionedSource)
+        try:
+            if isinstance(src, FixedPartitionedSource):
+                for key in src.list_parts():
+                    self.parts.append((key, src.build_part(self.step_id, key, resume.get(key))))
+            elif isinstance(src, DynamicSource):
+                self.parts.append(("0", src.build(self.step_id, 0, 1)))
+            else:
+                msg = (
+                    f"step {self.step_id!r}: source {type(src).__name__} must subclass "
+                    "FixedPartitionedSource or DynamicSource"
+                )
+                raise FlowsparkCompileError(msg)
+        except FlowsparkError:
+            raise
+        except Exception as e:
+            raise _fail(self.step_id, e) from e
+        for key, _ in self.parts:
+            self.part_eof[key] = False
+        self.awake: dict[str, Optional[datetime]] = {k: None for k, _ in self.parts}
+        if not self.parts:
+            self.eof = True
+
+    def step(self, ex: _Executor) -> None:
+        out: list[Any] = []
+        now: Optional[datetime] = None
+        for key, part in self.parts:
+            if self.part_eof[key]:
+                continue
+            awake = self.awake[key]
+            if awake is not None:
+                if now is None:
+                    now = ex.now()
+                if awake > now:
+                    continue
+            try:
+                while len(out) < _BATCH_TARGET:
+                    batch = part.next_batch()
+                    got = len(out)
+                    out.extend(batch)
+                    awake = part.next_awake()
+                    self.awake[key] = awake
+                    if awake is not None or len(out) == got:
+                        break
+            except StopIteration:
+                self.part_eof[key] = True
+                if self.stateful and ex.store is not None:
+                    self.final_snaps[key] = part.snapshot()
+            except AbortExecution:
+                ex.pending.setdefault(self.down, []).extend(out)
+                raise _Abort() from None
+            except FlowsparkError:
+                raise
+            except Exception as e:
+                raise _fail(self.step_id, e) from e
+        if out:
+            ex.polled += len(out)
+            ex.emit(self.down, out)
+        if all(self.part_eof.values()):
+            self.eof = True
+
+    def next_wake(self) -> Optional[datetime]:
+        wakes = [w for k, w in self.awake.items() if w is not None and not self.part_eof[k]]
+        return min(wakes) if wakes else None
+
+    def snapshots(self, out: list[tuple[str, str, Any]], final: bool) -> None:
+        if not self.stateful:
+            return
+        for key, part in self.parts:
+            if key in self.final_snaps:
+                out.append((self.step_id, key, self.final_snaps[key]))
+            else:
+                out.append((self.step_id, key, part.snapshot()))
+
+    def close(self) -> None:
+        for _key, part in self.parts:
+            part.close()
+
+
+class _OutputRt(_Rt):
+    def __init__(self, node: ir.Output, resume: dict[str, Any]) -> None:
+        self.step_id = node.step_id
+        self.up = node.up
+        sink = node.sink
+        self.fixed = isinstance(sink, FixedPartitionedSink)
+        self.sink = sink
+        try:
+            if isinstance(sink, FixedPartitionedSink):
+                self.part_keys = list(sink.list_parts())
+                if not self.part_keys:
+                    msg = f"step {self.step_id!r}: sink {type(sink).__name__}.list_parts() returned no partitions"
+                    raise FlowsparkCompileError(msg)
+                self.parts = [sink.build_part(self.step_id, k, resume.get(k)) for k in self.part_keys]
+            elif isinstance(sink, DynamicSink):
+                self.part = sink.build(self.step_id, 0, 1)
+            else:
+                msg = (
+                    f"step {self.step_id!r}: sink {type(sink).__name__} must subclass "
+                    "FixedPartitionedSink or DynamicSink"
+                )
+                raise FlowsparkCompileError(msg)
+        except FlowsparkError:
+            raise
+        except Exception as e:
+            raise _fail(self.step_id, e) from e
+
+    def step(self, ex: _Executor) -> None:
+        items = ex.take(self.up)
+        if items:
+            try:
+                if self.fixed:
+                    self._write_fixed(items)
+                else:
+                    self.part.write_batch(items)
+            except FlowsparkError:
+                raise
+            except Exception as e:
+                raise _fail(self.step_id, e) from e
+        self.eof = ex.is_eof(self.up)
+
+    def _write_fixed(self, items: list[Any]) -> None:
+        n = len(self.parts)
+        routed: dict[int, list[Any]] = {}
+        part_fn = self.sink.part_fn
+        for kv in items:
+            if type(kv) is not tuple or len(kv) != 2 or not isinstance(kv[0], str):
+                msg = (
+                    f"step {self.step_id!r}: {type(self.sink).__name__} is partitioned and needs "
+                    f"`(str key, value)` items; received {kv!r}; add `op.key_on` before the output"
+                )
+                raise FlowsparkTypeError(msg)
+            routed.setdefault(part_fn(kv[0]) % n, []).append(kv[1])
+        for idx in sorted(routed):
+            self.parts[idx].write_batch(routed[idx])
+
+    def snapshots(self, out: list[tuple[str, str, Any]], final: bool) -> None:
+        if self.fixed:
+            for key, part in zip(self.part_keys, self.parts, strict=True):
+                out.append((self.step_id, key, part.snapshot()))
+
+    def close(self) -> None:
+        if self.fixed:
+            for part in self.parts:
+                part.close()
+        else:
+            self.part.close()
+
+
+class _MapRt(_Rt):
+    """flat_map_batch, inspect_debug, redistribute."""
+
+    def __init__(self, node: Any, fn: Callable[[list[Any]], Iterable[Any]], copy_input: bool) -> None:
+        self.step_id = node.step_id
+        self.up = node.up
+        self.down = node.down
+        self.fn = fn
+        self.copy_input = copy_input
+
+    def step(self, ex: _Executor) -> None:
+        items = ex.take(self.up)
+        if items:
+            try:
+                res = self.fn(list(items) if self.copy_input else items)
+                out = res if type(res) is list else list(res)
+            except Exception as e:
+                raise _fail(self.step_id, e) from e
+            if out:
+                ex.emit(self.down, out)
+        self.eof = ex.is_eof(self.up)
+
+
+class _BranchRt(_Rt):
+    def __init__(self, node: ir.Branch) -> None:
+        self.step_id = node.step_id
+        self.up = node.up
+        self.node = node
+
+    def step(self, ex: _Executor) -> None:
+        items = ex.take(self.up)
+        if items:
+            trues: list[Any] = []
+            falses: list[Any] = []
+            pred = self.node.predicate
+            try:
+                for x in items:
+                    r = pred(x)
+                    if r is True:
+                        trues.append(x)
+                    elif r is False:
+                        falses.append(x)
+                    else:
+                        msg = (
+                            f"step {self.step_id!r}: branch predicate must return a bool; "
+                            f"returned {r!r} of type {type(r).__name__} for item {x!r}"
+                        )
+                        raise FlowsparkTypeError(msg)
+            except Exception as e:
+                raise _fail(self.step_id, e) from e
+            if trues:
+                ex.emit(self.node.trues, trues)
+            if falses:
+                ex.emit(self.node.falses, falses)
+        self.eof = ex.is_eof(self.up)
+
+
+class _MergeRt(_Rt):
+    def __init__(self, node: ir.Merge) -> None:
+        self.step_id = node.step_id
+        self.ups = node.ups
+        self.down = node.down
+
+    def step(self, ex: _Executor) -> None:
+        out: list[Any] = []
+        for up in self.ups:
+            out.extend(ex.take(up))
+        if out:
+            ex.emit(self.down, out)
+        self.eof = all(ex.is_eof(up) for up in self.ups)
+
+
+_NOTIFY_CACHE: dict[type, bool] = {}
+
+
+def _wants_notify(logic: Any) -> bool:
+    inner = logic.logic if type(logic) is _StatefulLogic else logic
+    cls = type(inner)
+    hit = _NOTIFY_CACHE.get(cls)
+    if hit is None:
+        base = StatefulLogic if isinstance(inner, StatefulLogic) else StatefulBatchLogic
+        hit = cls.notify_at is not base.notify_at
+        _NOTIFY_CACHE[cls] = hit
+    return hit
+
+
+class _StatefulRt(_Rt):
+    def __init__(self, node: ir.StatefulBatch, resume: dict[str, Any], track: bool) -> None:
+        self.step_id = node.step_id
+        self.up = node.up
+        self.down = node.down
+        self.builder = node.builder
+        self.logics: dict[str, StatefulBatchLogic[Any, Any, Any]] = {}
+        self.sched: dict[str, datetime] = {}
+        self.heap: list[tuple[datetime, str]] = []
+        self.track = track
+        self.touched_epoch: set[str] = set()
+        self.eof_done = False
+        for key in sorted(resume):
+            logic = self._build(key, resume[key])
+            self.logics[key] = logic
+            self._schedule(key, logic)
+
+    def _build(self, key: str, state: Any) -> StatefulBatchLogic[Any, Any, Any]:
+        try:
+            logic = self.builder(state)
+        except Exception as e:
+            raise _fail(self.step_id, e) from e
+        if not isinstance(logic, StatefulBatchLogic):
+            msg = (
+                f"step {self.step_id!r}: builder must return a StatefulBatchLogic (or, for "
+                f"`op.stateful`, a StatefulLogic); returned {logic!r} for key {key!r}"
+            )
+            raise FlowsparkTypeError(msg)
+        return logic
+
+    def _schedule(self, key: str, logic: StatefulBatchLogic[Any, Any, Any]) -> None:
+        if not _wants_notify(logic):
+            return
+        try:
+            at = logic.notify_at()
+        except Exception as e:
+            raise _fail(self.step_id, e) from e
+        if at is None:
+            self.sched.pop(key, None)
+            return
+        if not isinstance(at, datetime) or at.tzinfo is None:
+            msg = (
+                f"step {self.step_id!r}: notify_at() must return an aware datetime "
+                f"(e.g. datetime.now(timezone.utc)) or None; returned {at!r} for key {key!r}"
+            )
+            raise FlowsparkTypeError(msg)
+        if self.sched.get(key) != at:
+            self.sched[key] = at
+            heapq.heappush(self.heap, (at, key))
+
+    def _result(self, key: str, res: Any, where: str, out: list[Any]) -> bool:
+        if type(res) is not tuple or len(res) != 2:
+            msg = (
+                f"step {self.step_id!r}: {where} must return a 2-tuple (emits, discard) such as "
+                f"`([x], StatefulLogic.RETAIN)`; returned {res!r} for key {key!r}"
+            )
+            raise FlowsparkTypeError(msg)
+        emits, discard = res
+        for w in emits:
+            out.append((key, w))
+        return bool(discard)
+
+    def _discard(self, key: str) -> None:
+        self.logics.pop(key, None)
+        self.sched.pop(key, None)
+
+    def step(self, ex: _Executor) -> None:
+        items = ex.take(self.up)
+        out: list[Any] = []
+        logics = self.logics
+        touched: dict[str, None] = {}
+        try:
+            if items:
+                self._on_items(items, out, touched)
+            if self.heap:
+                self._on_notify(ex.now(), out, touched)
+            if not self.eof_done and ex.is_eof(self.up):
+                self.eof_done = True
+                for key in list(logics):
+                    logic = logics[key]
+                    touched[key] = None
+                    if self._result(key, logic.on_eof(), "on_eof()", out):
+                        self._discard(key)
+            for key in touched:
+                logic = logics.get(key)
+                if logic is not None:
+                    self._schedule(key, logic)
+        except FlowsparkRuntimeError:
+            raise
+        except Exception as e:
+            raise _fail(self.step_id, e) from e
+        if self.track:
+            self.touched_epoch.update(touched)
+        if out:
+            ex.emit(self.down, out)
+        self.eof = self.eof_done
+
+    def _on_items(self, items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
+        logics = self.logics
+        n = len(items)
+        i = 0
+        while i < n:
+            kv = items[i]
+            if type(kv) is not tuple or len(kv) != 2 or type(kv[0]) is not str:
+                self._bad_item(kv)
+            key = kv[0]
+            j = i + 1
+            while j < n:
+                nxt = items[j]
+                if type(nxt) is tuple and len(nxt) == 2 and nxt[0] == key:
+                    j += 1
+                else:
+                    break
+            values = [kv[1]] if j == i + 1 else [items[m][1] for m in range(i, j)]
+            i = j
+            logic = logics.get(key)
+            if logic is None:
+                logic = self._build(key, None)
+                logics[key] = logic
+            touched[key] = None
+            res = logic.on_batch(values)
+            if type(res) is tuple and len(res) == 2 and type(res[0]) is list:
+                emits, discard = res
+                if emits:
+                    out.extend([(key, w) for w in emits])
+            else:
+                discard = self._result(key, res, "on_batch()/on_item()", out)
+            if discard:
+                self._discard(key)
+
+    def _bad_item(self, kv: Any) -> None:
+        if isinstance(kv, tuple) and len(kv) == 2:
+            msg = (
+                f"step {self.step_id!r}: keys must be str; received key {kv[0]!r} of type "
+                f"{type(kv[0]).__name__} in item {kv!r}; convert it in `op.key_on` (e.g. `str(...)`)"
+            )
+        else:
+            msg = (
+                f"step {self.step_id!r} requires `(key, value)` 2-tuple items; received {kv!r} "
+                f"of type {type(kv).__name__}; use `op.key_on` to make a keyed stream"
+            )
+        raise FlowsparkTypeError(msg)
+
+    def _on_notify(self, now: datetime, out: list[Any], touched: dict[str, None]) -> None:
+        heap = self.heap
+        due: list[tuple[datetime, str]] = []
+        while heap and heap[0][0] <= now:
+            at, key = heapq.heappop(heap)
+            if self.sched.get(key) == at:
+                del self.sched[key]
+                due.append((at, key))
+        for _at, key in sorted(due):
+            logic = self.logics.get(key)
+            if logic is None:
+                continue
+            touched[key] = None
+            if self._result(key, logic.on_notify(), "on_notify()", out):
+                self._discard(key)
+
+    def next_wake(self) -> Optional[datetime]:
+        while self.heap and self.sched.get(self.heap[0][1]) != self.heap[0][0]:
+            heapq.heappop(self.heap)
+        return self.heap[0][0] if self.heap else None
+
+    def snapshots(self, out: list[tuple[str, str, Any]], final: bool) -> None:
+        keys = self.touched_epoch
+        for key in sorted(keys):
+            logic = self.logics.get(key)
+            if logic is None:
+                out.append((self.step_id, key, DELETED))
+            else:
+                try:
+                    out.append((self.step_id, key, logic.snapshot()))
+                except Exception as e:
+                    raise _fail(self.step_id, e) from e
+        self.touched_epoch = set()
+
+
+class _Executor:
+    def __init__(
+        self,
+        graph: ir.Graph,
+        *,
+        epoch_interval: timedelta,
+        store: Optional[RecoveryStore],
+        clock: Optional[LogicalClock],
+    ) -> None:
+        self.graph = graph
+        self.epoch_interval = epoch_interval
+        self.store = store
+        self.clock = clock
+        self.vals: dict[str, list[Any]] = {}
+        self.pending: dict[str, list[Any]] = {}
+        self.stream_eof: dict[str, bool] = {}
+        self.polled = 0
+        self.epoch = 1
+        resume: dict[str, dict[str, Any]] = {}
+        if store is not None:
+            resume = store.load()
+            self.epoch = store.resume_epoch() + 1
+        consumers = graph.consumers()
+        self.rts: list[_Rt] = []
+        self.producer: dict[str, _Rt] = {}
+        for node in ir.walk(graph):
+            rt = self._build_rt(node, resume.get(node.step_id, {}), consumers)
+            self.rts.append(rt)
+            for d in node.downs:
+                self.producer[d] = rt
+
+    def _build_rt(self, node: ir.Node, resume: dict[str, Any], consumers: dict[str, list[ir.Node]]) -> _Rt:
+        shared = any(len(consumers.get(up, [])) > 1 for up in node.ups)
+        match node:
+            case ir.Input():
+                return _InputRt(node, resume)
+            case ir.Output():
+                return _OutputRt(node, resume)
+            case ir.FlatMapBatch():
+                return _MapRt(node, node.mapper, shared)
+            case ir.InspectDebug():
+                return _MapRt(node, self._inspector(node), False)
+            case ir.Redistribute():
+                return _MapRt(node, _passthrough, False)
+            case ir.Branch():
+                return _BranchRt(node)
+            case ir.Merge():
+                return _MergeRt(node)
+            case ir.StatefulBatch():
+                return _StatefulRt(node, resume, self.store is not None)
+        msg = f"step {getattr(node, 'step_id', node)!r}: the local runtime has no core step {type(node).__name__}"
+        raise FlowsparkCompileError(msg)
+
+    def _inspector(self, node: ir.InspectDebug) -> Callable[[list[Any]], list[Any]]:
+        inspector = node.inspector
+        step_id = node.step_id
+
+        def run(items: list[Any]) -> list[Any]:
+            epoch = self.epoch
+            for x in items:
+                inspector(step_id, x, epoch, 0)
+            return items
+
+        return run
+
+    # -- data movement used by the step runtimes --------------------------
+    def emit(self, stream_id: str, items: list[Any]) -> None:
+        cur = self.vals.get(stream_id)
+        if cur is None:
+            self.vals[stream_id] = items
+        else:
+            cur.extend(items)
+
+    def take(self, stream_id: str) -> list[Any]:
+        return self.vals.get(stream_id, _NONE)
+
+    def is_eof(self, stream_id: str) -> bool:
+        return self.producer[stream_id].eof
+
+    def now(self) -> datetime:
+        return utc_now()
+
+    # -- the main loop -----------------------------------------------------
+    def run_pass(self) -> None:
+        self.vals = self.pending
+        self.pending = {}
+        for rt in self.rts:
+            rt.step(self)
+        self.vals = {}
+
+    def all_eof(self) -> bool:
+        return all(rt.eof for rt in self.rts)
+
+    def snapshot(self, final: bool) -> None:
+        if self.store is None:
+            return
+        snaps: list[tuple[str, str, Any]] = []
+        for rt in self.rts:
+            rt.snapshots(snaps, final)
+        self.store.write(self.epoch, snaps)
+
+    def next_wake(self) -> Optional[datetime]:
+        wakes = [w for rt in self.rts if (w := rt.next_wake()) is not None]
+        return min(wakes) if wakes else None
+
+    def run(self) -> None:
+        epoch_started = time.monotonic()
+        interval = self.epoch_interval.total_seconds()
+        try:
+            while True:
+                self.polled = 0
+                try:
+                    self.run_pass()
+                except _Abort:
+                    return
+                if self.all_eof():
+                    self.snapshot(final=True)
+                    return
+                if time.monotonic() - epoch_started >= interval:
+                    self.snapshot(final=False)
+                    self.epoch += 1
+                    epoch_started = time.monotonic()
+                if self.polled == 0:
+                    self._idle()
+        finally:
+            for rt in self.rts:
+                try:
+                    rt.close()
+                except Exception:  # noqa: BLE001,S110
+                    pass
+
+    def _idle(self) -> None:
+        wake = self.next_wake()
+        if self.clock is not None:
+            # Logical time: jump straight to the next due time (nothing else can happen).
+            if wake is not None and wake > self.clock.now:
+                self.clock.now = wake
+            return
+        if wake is None:
+            time.sleep(_IDLE_SLEEP)
+            return
+        wait = (wake - utc_now()).total_seconds()
+        if wait > 0:
+            time.sleep(min(wait, 0.05))
+
+
+_NONE: list[Any] = []
+
+
+def _passthrough(items: list[Any]) -> list[Any]:
+    return items
+
+
+def run_main(
+    flow: Any,
+    *,
+    epoch_interval: Optional[timedelta] = None,
+    recovery_config: Optional[RecoveryConfig] = None,
+    clock: str = "system",
+    start_time: Optional[datetime] = None,
+) -> None:
+    """Run a dataflow to completion in this thread with the in-memory executor.
+
+    Args:
+        flow: The `Dataflow`.
+        epoch_interval: Time between epochs (snapshots); default 10 s.
+        recovery_config: Snapshot state to this store and resume from it.
+        clock: `"system"` (default: notifications fire on wall-clock UTC time, also
+            while input is paused) or `"logical"`: no wall clock; time starts at
+            `start_time` and, whenever the flow is idle, jumps to the next due
+            notification. This is how the Spark batch runtime runs timers, so the
+            two can be compared item for item.
+        start_time: Start of the logical clock (default: the Unix epoch, UTC).
+
+    Raises:
+        FlowsparkRuntimeError: A user callable failed; names the step and chains the error.
+        FlowsparkBuildError: The flow has no input or no output.
+
+    Example:
+        >>> from flowspark.dataflow import Dataflow
+        >>> from flowspark.testing import TestingSource
+        >>> import flowspark.operators as op
+        >>> flow = Dataflow("eg")
+        >>> _ = op.inspect("show", op.input("inp", flow, TestingSource(["hi"])))
+        >>> run_main(flow)
+        eg.show: 'hi'
+    """
+    from flowspark.dataflow import Dataflow
+
+    if not isinstance(flow, Dataflow):
+        msg = f"run_main needs a Dataflow; received {flow!r} of type {type(flow).__name__}"
+        raise FlowsparkTypeError(msg)
+    graph = flow.validate()
+    if epoch_interval is None:
+        epoch_interval = timedelta(seconds=10)
+    if clock not in ("system", "logical"):
+        msg = f"run_main: clock must be 'system' or 'logical'; received {clock!r}"
+        raise ValueError(msg)
+    store = RecoveryStore(recovery_config) if recovery_config is not None else None
+    logical = None
+    if clock == "logical":
+        logical = LogicalClock(start_time or datetime(1970, 1, 1, tzinfo=timezone.utc))
+    try:
+        ex = _Executor(graph, epoch_interval=epoch_interval, store=store, clock=logical)
+        if logical is not None:
+            with use_clock(logical.get):
+                ex.run()
+        else:
+            ex.run()
+    finally:
+        if store is not None:
+            store.close()

@@ -1,0 +1,273 @@
+"""Testing helpers: TestingSource, TestingSink and `run_main`, the in-memory executor.
+
+```python
+from flowspark.dataflow import Dataflow
+import flowspark.operators as op
+from flowspark.testing import TestingSource, TestingSink, run_main
+
+flow = Dataflow("counts")
+s = op.input("inp", flow, TestingSource([("a", 1), ("b", 1), ("a", 1)]))
+s = op.stateful_map("count", s, lambda n, v: ((n or 0) + v, (n or 0) + v))
+out = []
+op.output("out", s, TestingSink(out))
+run_main(flow)
+assert out == [("a", 1), ("b", 1), ("a", 2)]
+```
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from itertools import islice
+from typing import Any, Optional, TypeVar, Union
+
+from typing_extensions import override
+
+from flowspark.inputs import (
+    AbortExecution,
+    FixedPartitionedSource,
+    StatefulSourcePartition,
+    StatelessSourcePartition,
+)
+from flowspark.outputs import DynamicSink, StatelessSinkPartition
+from flowspark.runtime.local import run_main
+
+X = TypeVar("X")
+
+__all__ = [
+    "TestingSink",
+    "TestingSource",
+    "TimeTestingGetter",
+    "ffwd_iter",
+    "poll_next_batch",
+    "run_main",
+]
+
+
+@dataclass
+class TimeTestingGetter:
+    """A clock you move by hand, for tests.
+
+    Args:
+        now: The current time.
+
+    Example:
+        >>> from datetime import datetime, timedelta, timezone
+        >>> clock = TimeTestingGetter(datetime(2024, 1, 1, tzinfo=timezone.utc))
+        >>> clock.advance(timedelta(seconds=5))
+        >>> clock.get().second
+        5
+    """
+
+    now: datetime
+
+    def advance(self, td: timedelta) -> None:
+        """Move the clock forward.
+
+        Args:
+            td: By this much.
+        """
+        self.now += td
+
+    def get(self) -> datetime:
+        """Return the current time.
+
+        Returns:
+            The time.
+        """
+        return self.now
+
+
+def ffwd_iter(it: Iterator[Any], n: int) -> None:
+    """Skip `n` items of an iterator.
+
+    Args:
+        it: The iterator.
+        n: How many items to skip.
+    """
+    next(islice(it, n, n), None)
+
+
+class _IterSourcePartition(StatefulSourcePartition[X, int]):
+    def __init__(self, ib: Iterable[Any], batch_size: int, resume_state: Optional[int]) -> None:
+        self._idx = 0 if resume_state is None else resume_state
+        self._batch_size = batch_size
+        self._next_awake: Optional[datetime] = None
+        self._it = iter(ib)
+        ffwd_iter(self._it, self._idx)
+        self._raise: Optional[BaseException] = None
+
+    @override
+    def next_batch(self) -> list[X]:
+        if self._raise is not None:
+            raise self._raise
+        self._next_awake = None
+        batch: list[X] = []
+        size = self._batch_size
+        for item in self._it:
+            if isinstance(item, _MARKERS):
+                if isinstance(item, TestingSource.EOF):
+                    self._raise = StopIteration()
+                    self._idx += 1
+                    break
+                if isinstance(item, TestingSource.ABORT):
+                    if not item._triggered:
+                        item._triggered = True
+                        self._raise = AbortExecution()
+                        break
+                    self._idx += 1
+                    continue
+                if isinstance(item, TestingSource.PAUSE):
+                    self._idx += 1
+                    self._next_awake = datetime.now(timezone.utc) + item.for_duration
+                    break
+            batch.append(item)
+            if len(batch) >= size:
+                break
+        if batch or self._raise is not None or self._next_awake is not None:
+            self._idx += len(batch)
+            return batch
+        raise StopIteration
+
+    @override
+    def next_awake(self) -> Optional[datetime]:
+        return self._next_awake
+
+    @override
+    def snapshot(self) -> int:
+        return self._idx
+
+
+class TestingSource(FixedPartitionedSource[X, int]):
+    """Produce items from a Python iterable (one partition, resumable by index).
+
+    Markers in the iterable control the execution: `TestingSource.EOF()` ends this
+    execution's input (a resumed run continues after it), `TestingSource.ABORT()`
+    aborts the execution once (no EOF; `run_main` returns), and
+    `TestingSource.PAUSE(timedelta)` idles the input for that wall-clock time while
+    the rest of the dataflow keeps running.
+
+    Args:
+        ib: The items (a list is safest: a half-consumed generator cannot be replayed).
+        batch_size: Items per poll.
+
+    Example:
+        >>> src = TestingSource([1, 2, TestingSource.EOF(), 3])
+    """
+
+    __test__ = False
+
+    @dataclass
+    class EOF:
+        """End this execution's input here."""
+
+    @dataclass
+    class ABORT:
+        """Abort the execution (once) when the input reaches this point."""
+
+        _triggered: bool = False
+
+    @dataclass
+    class PAUSE:
+        """Emit nothing from this source for `for_duration` of wall-clock time."""
+
+        for_duration: timedelta
+
+    def __init__(self, ib: Iterable[Union[X, EOF, ABORT, PAUSE]], batch_size: int = 1) -> None:
+        """Read `ib`, `batch_size` items per poll."""
+        if not isinstance(batch_size, int) or batch_size < 1:
+            msg = f"TestingSource batch_size must be an int >= 1; received {batch_size!r}"
+            raise ValueError(msg)
+        self._ib = ib
+        self._batch_size = batch_size
+
+    @property
+    def items(self) -> Iterable[Any]:
+        """The iterable this source reads (runtimes that ship it elsewhere use it)."""
+        return self._ib
+
+    @property
+    def batch_size(self) -> int:
+        """Items per poll."""
+        return self._batch_size
+
+    @override
+    def is_bounded(self) -> bool:
+        return True
+
+    @override
+    def list_parts(self) -> list[str]:
+        return ["iterable"]
+
+    @override
+    def build_part(self, step_id: str, for_part: str, resume_state: Optional[int]) -> _IterSourcePartition[X]:
+        return _IterSourcePartition(self._ib, self._batch_size, resume_state)
+
+
+_MARKERS = (TestingSource.EOF, TestingSource.ABORT, TestingSource.PAUSE)
+
+
+class _ListSinkPartition(StatelessSinkPartition[X]):
+    def __init__(self, ls: list[X]) -> None:
+        self._ls = ls
+
+    @override
+    def write_batch(self, items: list[X]) -> None:
+        self._ls += items
+
+
+class TestingSink(DynamicSink[X]):
+    """Append every item to a list (never cleared between executions).
+
+    Args:
+        ls: The list to append to.
+
+    Example:
+        >>> out = []
+        >>> sink = TestingSink(out)
+    """
+
+    __test__ = False
+
+    def __init__(self, ls: list[X]) -> None:
+        """Append to `ls`."""
+        self.ls = ls
+
+    @override
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> _ListSinkPartition[X]:
+        return _ListSinkPartition(self.ls)
+
+
+def poll_next_batch(
+    part: Union[StatefulSourcePartition[X, Any], StatelessSourcePartition[X]],
+    timeout: timedelta = timedelta(seconds=5),
+) -> list[X]:
+    """Poll a source partition until it returns a non-empty batch (for testing connectors).
+
+    Args:
+        part: The partition.
+        timeout: Give up after this long.
+
+    Returns:
+        The batch.
+
+    Raises:
+        TimeoutError: Nothing arrived in time.
+    """
+    deadline = time.monotonic() + timeout.total_seconds()
+    while True:
+        awake = part.next_awake()
+        if awake is not None:
+            wait = (awake - datetime.now(timezone.utc)).total_seconds()
+            if wait > 0:
+                time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
+        batch = list(part.next_batch())
+        if batch:
+            return batch
+        if time.monotonic() >= deadline:
+            msg = f"no batch within {timeout}"
+            raise TimeoutError(msg)
+        time.sleep(0.001)
