@@ -254,24 +254,26 @@ def operator(fn: Optional[F] = None, *, _core: bool = False) -> Any:
         except TypeError as ex:
             msg = f"operator {fn.__name__!r}: {ex}"
             raise FlowsparkTypeError(msg) from None
-        step_id = _check_id(f"step_id of operator {fn.__name__!r}", bound.arguments["step_id"])
+        raw_id = bound.arguments["step_id"]
         values = list(bound.arguments.values())
         flow = _find_flow(values)
         if flow is None:
             msg = (
-                f"operator {fn.__name__!r} (step {step_id!r}) received no Dataflow or Stream; "
+                f"operator {fn.__name__!r} (step {raw_id!r}) received no Dataflow or Stream; "
                 f"pass the flow (for `input`) or an upstream stream"
             )
             raise FlowsparkTypeError(msg)
+        parent = flow._scopes[-1]
+        full_id = f"{parent.scope_id}.{raw_id}"
+        step_id = _check_id(f"step {full_id!r} (operator {fn.__name__!r}): step_id", raw_id)
+        fq = f"{parent.scope_id}.{step_id}"
         for s in _streams_in(values):
             if s.flow() is not flow:
                 msg = (
-                    f"step {step_id!r}: stream {s.stream_id!r} belongs to another dataflow "
+                    f"step {fq!r}: stream {s.stream_id!r} belongs to another dataflow "
                     f"({s.flow().flow_id!r}); streams cannot cross dataflows"
                 )
                 raise FlowsparkBuildError(msg)
-        parent = flow._scopes[-1]
-        fq = f"{parent.scope_id}.{step_id}"
         if step_id in parent.children:
             msg = f"step {fq!r} already exists; step ids must be unique within a dataflow"
             raise DuplicateStepError(msg)
