@@ -26,6 +26,7 @@ from typing import Any, Optional, TypeVar, Union
 
 from typing_extensions import override
 
+from flowspark._time import utc_now
 from flowspark.inputs import (
     AbortExecution,
     FixedPartitionedSource,
@@ -122,7 +123,7 @@ class _IterSourcePartition(StatefulSourcePartition[X, int]):
                     continue
                 if isinstance(item, TestingSource.PAUSE):
                     self._idx += 1
-                    self._next_awake = datetime.now(timezone.utc) + item.for_duration
+                    self._next_awake = utc_now() + item.for_duration
                     break
             batch.append(item)
             if len(batch) >= size:
@@ -147,8 +148,9 @@ class TestingSource(FixedPartitionedSource[X, int]):
     Markers in the iterable control the execution: `TestingSource.EOF()` ends this
     execution's input (a resumed run continues after it), `TestingSource.ABORT()`
     aborts the execution once (no EOF; `run_main` returns), and
-    `TestingSource.PAUSE(timedelta)` idles the input for that wall-clock time while
-    the rest of the dataflow keeps running.
+    `TestingSource.PAUSE(timedelta)` idles the input for that much system time
+    (`flowspark._time.utc_now()`, so a clock installed with `use_clock` drives it too)
+    while the rest of the dataflow keeps running.
 
     Args:
         ib: The items (a list is safest: a half-consumed generator cannot be replayed).
