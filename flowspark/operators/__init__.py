@@ -8,7 +8,6 @@ operator here is a short composite of them.
 
 from __future__ import annotations
 
-import builtins
 import copy
 import itertools
 from abc import ABC, abstractmethod
@@ -444,10 +443,28 @@ def flat_map(step_id: str, up: Stream[X], mapper: Callable[[X], Iterable[Y]]) ->
     """
     _check_callable(step_id, "mapper", mapper)
 
-    def shim_mapper(xs: list[X]) -> Iterable[Y]:
-        return itertools.chain.from_iterable(builtins.map(mapper, xs))
+    def shim_mapper(xs: list[X]) -> list[Y]:
+        out: list[Y] = []
+        extend = out.extend
+        for x in xs:
+            ys = mapper(x)
+            try:
+                extend(ys)
+            except TypeError:
+                if not isinstance(ys, Iterable):
+                    raise _not_iterable(step_id, "mapper", ys, x) from None
+                raise
+        return out
 
     return flat_map_batch("flat_map_batch", up, shim_mapper)
+
+
+def _not_iterable(step_id: str, what: str, got: Any, x: Any) -> FlowsparkTypeError:
+    msg = (
+        f"step {step_id!r}: {what} must return an iterable (e.g. a list); returned {got!r} of "
+        f"type {type(got).__name__} for item {x!r}"
+    )
+    return FlowsparkTypeError(msg)
 
 
 @operator
@@ -475,7 +492,10 @@ def flat_map_value(step_id: str, up: KeyedStream[V], mapper: Callable[[V], Itera
 
     def shim_mapper(k_v: tuple[str, V]) -> Iterable[tuple[str, W]]:
         k, v = _unpack_kv(step_id, k_v)
-        return ((k, w) for w in mapper(v))
+        ws = mapper(v)
+        if not isinstance(ws, Iterable):
+            raise _not_iterable(step_id, "mapper", ws, k_v)
+        return [(k, w) for w in ws]
 
     return flat_map("flat_map", up, shim_mapper)
 
@@ -681,7 +701,8 @@ def filter_map(step_id: str, up: Stream[X], mapper: Callable[[X], Optional[Y]]) 
         >>> from flowspark.testing import TestingSource, TestingSink, run_main
         >>> import flowspark.operators as op
         >>> flow = Dataflow("eg")
-        >>> s = op.filter_map("parse", op.input("inp", flow, TestingSource(["1", "x"])), lambda s: int(s) if s.isdigit() else None)
+        >>> s = op.input("inp", flow, TestingSource(["1", "x"]))
+        >>> s = op.filter_map("parse", s, lambda s: int(s) if s.isdigit() else None)
         >>> out = []; op.output("out", s, TestingSink(out)); run_main(flow); out
         [1]
     """
@@ -715,7 +736,8 @@ def filter_map_value(step_id: str, up: KeyedStream[V], mapper: Callable[[V], Opt
         >>> from flowspark.testing import TestingSource, TestingSink, run_main
         >>> import flowspark.operators as op
         >>> flow = Dataflow("eg")
-        >>> s = op.filter_map_value("half", op.input("inp", flow, TestingSource([("a", 4), ("a", 3)])), lambda v: v // 2 if v % 2 == 0 else None)
+        >>> s = op.input("inp", flow, TestingSource([("a", 4), ("a", 3)]))
+        >>> s = op.filter_map_value("half", s, lambda v: v // 2 if v % 2 == 0 else None)
         >>> out = []; op.output("out", s, TestingSink(out)); run_main(flow); out
         [('a', 2)]
     """
@@ -1029,11 +1051,17 @@ class StatefulLogic(ABC, Generic[V, W, S]):
 class _StatefulLogic(StatefulBatchLogic[V, W, S]):
     """Adapts a `StatefulLogic` to the batch contract (rebuilds after a mid-batch discard)."""
 
-    __slots__ = ("builder", "logic")
+    __slots__ = ("builder", "logic", "step_id")
 
-    def __init__(self, builder: Callable[[Optional[S]], StatefulLogic[V, W, S]], logic: StatefulLogic[V, W, S]):
+    def __init__(
+        self,
+        builder: Callable[[Optional[S]], StatefulLogic[V, W, S]],
+        logic: StatefulLogic[V, W, S],
+        step_id: str = "?",
+    ):
         self.builder = builder
         self.logic: Optional[StatefulLogic[V, W, S]] = logic
+        self.step_id = step_id
 
     @override
     def on_batch(self, values: list[V]) -> tuple[Iterable[W], bool]:
@@ -1041,8 +1069,15 @@ class _StatefulLogic(StatefulBatchLogic[V, W, S]):
         logic = self.logic
         for v in values:
             if logic is None:
-                logic = self.builder(None)
-            ws, discard = logic.on_item(v)
+                logic = _check_logic(self.step_id, self.builder(None))
+            res = logic.on_item(v)
+            if type(res) is not tuple or len(res) != 2:
+                msg = (
+                    f"step {self.step_id!r}: on_item() must return a 2-tuple (emits, discard) such as "
+                    f"`([x], StatefulLogic.RETAIN)`; returned {res!r} of type {type(res).__name__}"
+                )
+                raise FlowsparkTypeError(msg)
+            ws, discard = res
             emits.extend(ws)
             if discard:
                 logic = None
@@ -1116,9 +1151,19 @@ def stateful(
     _check_callable(step_id, "builder", builder)
 
     def shim_builder(resume_state: Optional[S]) -> _StatefulLogic[V, W, S]:
-        return _StatefulLogic(builder, builder(resume_state))
+        return _StatefulLogic(builder, _check_logic(step_id, builder(resume_state)), step_id)
 
     return stateful_batch("stateful_batch", up, shim_builder)
+
+
+def _check_logic(step_id: str, logic: Any) -> StatefulLogic[Any, Any, Any]:
+    if not isinstance(logic, StatefulLogic):
+        msg = (
+            f"step {step_id!r}: builder must return a StatefulLogic; returned {logic!r} of type "
+            f"{type(logic).__name__}"
+        )
+        raise FlowsparkTypeError(msg)
+    return logic
 
 
 class _StatefulFlatMapLogic(StatefulBatchLogic[V, W, S]):
