@@ -261,7 +261,16 @@ class _MapRt(_Rt):
         if items:
             try:
                 res = self.fn(list(items) if self.copy_input else items)
-                out = res if type(res) is list else list(res)
+                if type(res) is list:
+                    out = res
+                elif isinstance(res, Iterable):
+                    out = list(res)
+                else:
+                    msg = (
+                        f"step {self.step_id!r}: mapper must return an iterable (e.g. a list) for "
+                        f"each batch; returned {res!r} of type {type(res).__name__}"
+                    )
+                    raise FlowsparkTypeError(msg)
             except Exception as e:
                 raise _fail(self.step_id, e) from e
             if out:
