@@ -17,6 +17,7 @@ from zlib import adler32
 from typing_extensions import override
 
 from flowspark.errors import FlowsparkBuildError, FlowsparkTypeError, RecoveryError
+from flowspark.inputs import _cwd_note
 
 X = TypeVar("X")
 S = TypeVar("S")
@@ -252,17 +253,14 @@ class FileSink(FixedPartitionedSink[str, int]):
         if for_part != str(self._path):
             msg = f"step {step_id!r}: FileSink writes {str(self._path)!r}; asked to build partition {for_part!r}"
             raise ValueError(msg)
-        _require_parent(step_id, "FileSink", self._path)
+        _require_parent("FileSink", self._path)
         return _FileSinkPartition("FileSink", step_id, self._path, resume_state, self._end)
 
 
-def _require_parent(step_id: str, owner: str, path: Path) -> None:
+def _require_parent(owner: str, path: Path) -> None:
     parent = path.parent
     if not parent.is_dir():
-        msg = (
-            f"step {step_id!r}: {owner} cannot write {str(path)!r}: directory {str(parent)!r} does not exist; "
-            "create it first"
-        )
+        msg = f"{owner} cannot write {str(path)!r}: directory {str(parent)!r} does not exist; create it first"
         raise FileNotFoundError(msg)
 
 
@@ -312,8 +310,8 @@ class DirSink(FixedPartitionedSink[str, int]):
             raise FlowsparkTypeError(msg)
         if not self._dir_path.is_dir():
             msg = (
-                f"DirSink: output directory {str(self._dir_path)!r} does not exist "
-                f"(resolved from the current directory {os.getcwd()!r}); create it first"
+                f"DirSink: output directory {str(self._dir_path)!r} does not exist"
+                f"{_cwd_note(self._dir_path)}; create it first"
             )
             raise FileNotFoundError(msg)
         self._file_count = file_count
@@ -351,7 +349,7 @@ class DirSink(FixedPartitionedSink[str, int]):
     @override
     def build_part(self, step_id: str, for_part: str, resume_state: Optional[int]) -> _FileSinkPartition:
         path = self._dir_path / for_part
-        _require_parent(step_id, "DirSink", path)
+        _require_parent("DirSink", path)
         return _FileSinkPartition("DirSink", step_id, path, resume_state, self._end)
 
 
