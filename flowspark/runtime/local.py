@@ -134,13 +134,20 @@ class _InputRt(_Rt):
                 if awake > now:
                     continue
             try:
-                while len(out) < _BATCH_TARGET:
-                    batch = part.next_batch()
-                    got = len(out)
+                # Hot loop (one call per item with batch_size=1): bound methods and
+                # the running length are kept in locals.
+                next_batch = part.next_batch
+                next_awake = part.next_awake
+                awakes = self.awake
+                n = len(out)
+                while n < _BATCH_TARGET:
+                    batch = next_batch()
+                    got = n
                     out.extend(batch)
-                    awake = part.next_awake()
-                    self.awake[key] = awake
-                    if awake is not None or len(out) == got:
+                    n = len(out)
+                    awake = next_awake()
+                    awakes[key] = awake
+                    if awake is not None or n == got:
                         break
             except StopIteration:
                 self.part_eof[key] = True
@@ -424,10 +431,14 @@ class _StatefulRt(_Rt):
                     touched[key] = None
                     if self._result(key, logic.on_eof(), "on_eof()", out):
                         self._discard(key)
+            notify_cache = _NOTIFY_CACHE
             for key in touched:
                 logic = logics.get(key)
                 if logic is not None:
-                    self._schedule(key, logic)
+                    # Skip the call for logic classes known not to override notify_at.
+                    cls = type(logic.logic) if type(logic) is _StatefulLogic else type(logic)
+                    if notify_cache.get(cls) is not False:
+                        self._schedule(key, logic)
         except FlowsparkRuntimeError:
             raise
         except Exception as e:
@@ -440,6 +451,7 @@ class _StatefulRt(_Rt):
 
     def _on_items(self, items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
         logics = self.logics
+        append = out.append
         n = len(items)
         i = 0
         while i < n:
@@ -465,7 +477,12 @@ class _StatefulRt(_Rt):
             if type(res) is tuple and len(res) == 2 and type(res[0]) is list:
                 emits, discard = res
                 if emits:
-                    out.extend([(key, w) for w in emits])
+                    # No list comprehension: it costs a function frame per key run.
+                    if len(emits) == 1:
+                        append((key, emits[0]))
+                    else:
+                        for w in emits:
+                            append((key, w))
             else:
                 discard = self._result(key, res, "on_batch()/on_item()", out)
             if discard:
