@@ -1,0 +1,280 @@
+"""`python -m flowspark.visualize IMPORT_STR [-o mermaid|json] [-r]`: print a dataflow's structure.
+
+By default the diagram shows the operators the user called (the top level of
+the operator tree) and the streams between them. With `-r/--recursive` it
+shows the core steps runtimes execute, nested in the composite operators that
+created them. `mermaid` prints a Mermaid flowchart (paste it into any Mermaid
+renderer); `json` prints the steps and streams for tools.
+
+The JSON document:
+
+```
+{"flow_id": str, "recursive": bool,
+ "steps": [{"step_id", "name", "op", "core", "ups", "downs"[, "substeps": [...]]}],
+ "streams": [{"stream_id", "from", "to": [step_id, ...]}]}
+```
+
+`op` is the operator function's name (`map`, `stateful_map` ...), `core` the
+core step type (`FlatMapBatch` ...) when the step is one, else `null`.
+`substeps` (only with `-r`) nests the same objects. `streams` connect the
+listed top-level steps (default) or the core steps (`-r`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from flowspark import ir
+from flowspark.dataflow import Dataflow
+
+__all__ = ["main", "to_json", "to_mermaid"]
+
+_PROG = "python -m flowspark.visualize"
+
+
+@dataclass
+class _Step:
+    step_id: str
+    op: str
+    core: Optional[str]
+    ups: tuple[str, ...]
+    downs: tuple[str, ...]
+    substeps: list[_Step] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.step_id.rsplit(".", 1)[-1]
+
+
+@dataclass
+class _Edge:
+    stream_id: str
+    src: str
+    dsts: list[str]
+
+    @property
+    def port(self) -> str:
+        return self.stream_id.rsplit(".", 1)[-1]
+
+
+class _Model:
+    """The operator tree and the streams of one dataflow, at one level of detail."""
+
+    def __init__(self, flow: Dataflow, recursive: bool) -> None:
+        graph = flow.graph()
+        self.flow_id = graph.flow_id
+        self.recursive = recursive
+        cores = {n.step_id: n for n in graph.nodes}
+        comps = {c.step_id: c for c in graph.composites}
+        self._cores = cores
+
+        def build(step_id: str) -> _Step:
+            comp = comps.get(step_id)
+            node = cores.get(step_id)
+            if comp is None:
+                assert node is not None
+                return _Step(step_id, type(node).__name__, type(node).__name__, node.ups, node.downs)
+            core = type(node).__name__ if node is not None else None
+            step = _Step(step_id, comp.name, core, comp.ups, comp.downs)
+            if recursive:
+                step.substeps = [build(s) for s in comp.substeps]
+            return step
+
+        top_ids = [c.step_id for c in graph.composites if c.step_id.count(".") == 1]
+        # Core steps not recorded in any composite (none today) are still shown.
+        covered = {c.step_id for c in graph.composites}
+        top_ids += [n.step_id for n in graph.nodes if n.step_id not in covered and n.step_id.count(".") == 1]
+        self.steps = [build(s) for s in top_ids]
+        self.edges = self._edges(graph, {s.step_id: s for s in self.steps})
+
+    def _top(self, step_id: str) -> str:
+        return ".".join(step_id.split(".")[:2])
+
+    def _edges(self, graph: ir.Graph, tops: dict[str, _Step]) -> list[_Edge]:
+        consumers = graph.consumers()
+        out: list[_Edge] = []
+        for node in graph.nodes:
+            for stream in node.downs:
+                users = [c.step_id for c in consumers.get(stream, [])]
+                if self.recursive:
+                    out.append(_Edge(stream, node.step_id, users))
+                    continue
+                src = self._top(node.step_id)
+                dsts = list(dict.fromkeys(u for u in map(self._top, users) if u != src))
+                top = tops.get(src)
+                if dsts or (top is not None and stream in top.downs):
+                    out.append(_Edge(stream, src, dsts))
+        return out
+
+
+def _step_json(step: _Step, recursive: bool) -> dict[str, Any]:
+    d: dict[str, Any] = {
+        "step_id": step.step_id,
+        "name": step.name,
+        "op": step.op,
+        "core": step.core,
+        "ups": list(step.ups),
+        "downs": list(step.downs),
+    }
+    if recursive:
+        d["substeps"] = [_step_json(s, recursive) for s in step.substeps]
+    return d
+
+
+def to_json(flow: Dataflow, recursive: bool = False) -> str:
+    """Describe a dataflow's steps and streams as JSON.
+
+    Args:
+        flow: The dataflow.
+        recursive: Nest the sub-steps of composite operators and connect core steps.
+
+    Returns:
+        An indented JSON document (see the module docstring).
+
+    Example:
+        >>> import json
+        >>> import flowspark.operators as op
+        >>> from flowspark.testing import TestingSource, TestingSink
+        >>> flow = Dataflow("eg")
+        >>> s = op.map("double", op.input("inp", flow, TestingSource([1])), lambda x: 2 * x)
+        >>> op.output("out", s, TestingSink([]))
+        >>> doc = json.loads(to_json(flow))
+        >>> [(st["step_id"], st["op"]) for st in doc["steps"]]
+        [('eg.inp', 'input'), ('eg.double', 'map'), ('eg.out', 'output')]
+        >>> [(e["from"], e["to"]) for e in doc["streams"]]
+        [('eg.inp', ['eg.double']), ('eg.double', ['eg.out'])]
+    """
+    model = _Model(flow, recursive)
+    doc = {
+        "flow_id": model.flow_id,
+        "recursive": recursive,
+        "steps": [_step_json(s, recursive) for s in model.steps],
+        "streams": [{"stream_id": e.stream_id, "from": e.src, "to": e.dsts} for e in model.edges],
+    }
+    return json.dumps(doc, indent=2)
+
+
+def _label(text: str) -> str:
+    return '["' + text.replace('"', "#quot;") + '"]'
+
+
+def to_mermaid(flow: Dataflow, recursive: bool = False) -> str:
+    """Draw a dataflow as a Mermaid flowchart.
+
+    Node ids are `s0`, `s1` ...; each node's label is its full step id and
+    operator (`"eg.double (map)"`); edges are labelled with the port name.
+
+    Args:
+        flow: The dataflow.
+        recursive: Show core steps inside subgraphs for their composite operators.
+
+    Returns:
+        Mermaid source.
+
+    Example:
+        >>> import flowspark.operators as op
+        >>> from flowspark.testing import TestingSource, TestingSink
+        >>> flow = Dataflow("eg")
+        >>> s = op.map("double", op.input("inp", flow, TestingSource([1])), lambda x: 2 * x)
+        >>> op.output("out", s, TestingSink([]))
+        >>> print(to_mermaid(flow))
+        flowchart TD
+        subgraph flow_eg["eg (Dataflow)"]
+          s0["eg.inp (input)"]
+          s1["eg.double (map)"]
+          s2["eg.out (output)"]
+        end
+        s0 -->|down| s1
+        s1 -->|down| s2
+    """
+    model = _Model(flow, recursive)
+    ids: dict[str, str] = {}
+    lines = ["flowchart TD", f"subgraph flow_{_safe(model.flow_id)}{_label(model.flow_id + ' (Dataflow)')}"]
+    groups = 0
+
+    def emit(step: _Step, depth: int) -> None:
+        nonlocal groups
+        pad = "  " * depth
+        if recursive and step.substeps:
+            gid = f"g{groups}"
+            groups += 1
+            lines.append(f"{pad}subgraph {gid}{_label(f'{step.step_id} ({step.op})')}")
+            for sub in step.substeps:
+                emit(sub, depth + 1)
+            lines.append(f"{pad}end")
+            return
+        sid = f"s{len(ids)}"
+        ids[step.step_id] = sid
+        lines.append(f"{pad}{sid}{_label(f'{step.step_id} ({step.op})')}")
+
+    for step in model.steps:
+        emit(step, 1)
+    lines.append("end")
+    for edge in model.edges:
+        for dst in edge.dsts:
+            if edge.src in ids and dst in ids:
+                lines.append(f"{ids[edge.src]} -->|{edge.port}| {ids[dst]}")
+    return "\n".join(lines)
+
+
+def _safe(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser (shared with the `flowspark` console script).
+
+    Returns:
+        The parser.
+    """
+    from flowspark.run import _IMPORT_HELP
+
+    parser = argparse.ArgumentParser(prog=_PROG, description="Print the structure of a flowspark dataflow.")
+    parser.add_argument("import_str", metavar="IMPORT_STR", help=_IMPORT_HELP)
+    parser.add_argument(
+        "-o",
+        "--output-format",
+        choices=["mermaid", "json"],
+        default="mermaid",
+        help="mermaid flowchart (default) or JSON of steps and streams",
+    )
+    parser.add_argument(
+        "-r",
+        "--recursive",
+        action="store_true",
+        help="show the core steps inside composite operators (default: top-level operators only)",
+    )
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the command line.
+
+    Args:
+        argv: Arguments (default: `sys.argv[1:]`).
+
+    Returns:
+        0 on success, 1 when the import string does not resolve to a Dataflow.
+    """
+    from flowspark._importstr import locate_dataflow
+    from flowspark.errors import ImportStrError
+
+    args = build_parser().parse_args(argv)
+    try:
+        flow = locate_dataflow(args.import_str)
+    except ImportStrError as e:
+        print(f"{_PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
+    if args.output_format == "json":
+        print(to_json(flow, args.recursive))
+    else:
+        print(to_mermaid(flow, args.recursive))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
