@@ -109,18 +109,32 @@ class RecoveryStore:
         counts = set()
         for p in paths:
             con = sqlite3.connect(p)
-            row = con.execute("SELECT part_index, part_count FROM parts").fetchone()
-            if row is None:
-                msg = f"recovery partition {str(p)!r} is not initialised; re-create the directory"
+            try:
+                row = con.execute("SELECT part_index, part_count FROM parts").fetchone()
+            except sqlite3.DatabaseError as ex:
+                con.close()
+                self.close()
+                msg = (
+                    f"recovery partition {str(p)!r} is not a flowspark recovery partition ({ex}); "
+                    f"re-create the directory with `python -m flowspark.recovery DB_DIR COUNT`"
+                )
+                raise InconsistentPartitionsError(msg) from None
+            if row is None or row[0] in self._cons:
+                con.close()
+                self.close()
+                what = "is not initialised" if row is None else f"repeats partition index {row[0]}"
+                msg = f"recovery partition {str(p)!r} {what}; re-create the directory"
                 raise InconsistentPartitionsError(msg)
             self._cons[row[0]] = con
             counts.add(row[1])
         if len(counts) != 1:
+            self.close()
             msg = f"recovery partitions in {str(db_dir)!r} disagree on the partition count: {sorted(counts)}"
             raise InconsistentPartitionsError(msg)
         self.count = counts.pop()
         missing = sorted(set(range(self.count)) - set(self._cons))
         if missing:
+            self.close()
             msg = f"recovery directory {str(db_dir)!r} is missing partitions {missing} of {self.count}"
             raise MissingPartitionsError(msg)
 
