@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from typing import Any, Callable, Generic, Optional, TypeVar
 from typing_extensions import Self, override
 
 import flowspark.operators as op
+from flowspark import _time
 from flowspark._time import utc_now
 from flowspark.dataflow import KeyedStream, Stream, operator
 from flowspark.errors import FlowsparkBuildError, FlowsparkTypeError
@@ -290,7 +292,7 @@ class _EventClockLogic(ClockLogic[V, tuple[datetime, datetime]]):
     def __init__(self, clock: EventClock[V], state: Optional[tuple[datetime, datetime]]) -> None:
         self.ts_getter = clock.ts_getter
         self.wait = clock.wait_for_system_duration
-        self.now_getter = clock.now_getter
+        self.now_getter = _now_getter_of(clock)
         self.to_system = clock.to_system_utc
         self.now = self.now_getter()
         if state is None:
@@ -359,6 +361,28 @@ def _event_system_time(
 
 def _identity_time(t: datetime) -> Optional[datetime]:
     return t
+
+
+_coarse: list[Any] = [-(10**18), UTC_MIN]  # [monotonic ns, utc time read then]
+
+
+def _coarse_utc_now() -> datetime:
+    # `utc_now`, reading the real clock at most once per millisecond (datetime.now
+    # costs about a microsecond, more than the rest of a value's processing).
+    getter = _time._getter
+    if getter is not None:
+        return getter()
+    mono = time.monotonic_ns()
+    if mono - _coarse[0] < 1_000_000:
+        return _coarse[1]
+    now = datetime.now(timezone.utc)
+    _coarse[0] = mono
+    _coarse[1] = now
+    return now
+
+
+def _now_getter_of(clock: EventClock[Any]) -> Callable[[], datetime]:
+    return _coarse_utc_now if clock.now_getter is utc_now else clock.now_getter
 
 
 @dataclass
@@ -1045,16 +1069,19 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
     """`fold_window` for `EventClock` with tumbling or sliding windows, without per-window objects.
 
     Same results as `_WindowLogic` + `_FoldWindowLogic` (tests compare them): the
-    clock and the windower are inlined, window accumulators live in one dict,
-    and the watermark arithmetic is done once per batch where possible.
+    clock and the windower are inlined, window accumulators live in one dict, the
+    current tumbling window's bounds are cached (no division per value), and the
+    ordered queue is only sorted when more than one value is due at once.
     """
 
     __slots__ = (
         "accs",
         "align",
-        "at",
         "base",
         "builder",
+        "cur_close",
+        "cur_open",
+        "cur_wid",
         "folder",
         "length",
         "lo_close",
@@ -1087,8 +1114,8 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
         self.step_id = step_id
         self.ts_getter = clock.ts_getter
         self.wait = clock.wait_for_system_duration
-        self.now_getter = clock.now_getter
-        self.to_system = clock.to_system_utc
+        self.now_getter = _now_getter_of(clock)
+        self.to_system = None if clock.to_system_utc is _identity_time else clock.to_system_utc
         self.length = length
         self.offset = offset
         self.tumbling = length == offset
@@ -1108,9 +1135,9 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
             self.accs = dict(accs)
             self.queue = list(queue)
         self.qmin = min((ts for _v, ts in self.queue), default=UTC_MAX)
+        self.cur_wid = 0
+        self.cur_open = self.cur_close = UTC_MAX  # no cached window yet
         self._set_lo()
-        self.at: Optional[datetime] = None
-        self._set_at(self._watermark())
 
     def _watermark(self) -> datetime:
         try:
@@ -1125,12 +1152,6 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
         else:
             self.lo_close = UTC_MAX
 
-    def _set_at(self, wm: datetime) -> None:
-        t = self.lo_close if self.accs else None
-        if self.ordered and self.queue and (t is None or self.qmin < t):
-            t = self.qmin
-        self.at = None if t is None else _event_system_time(self.to_system, self.sys_max, self.base, t)
-
     def _ids(self, ts: datetime) -> range:
         d = ts - self.align
         if self.tumbling:
@@ -1140,17 +1161,20 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
 
     def _apply(self, value: V, ts: datetime) -> None:
         accs = self.accs
-        d = ts - self.align
         if self.tumbling:
-            wid = d // self.length
-            acc = accs.get(wid, _MISSING)
-            if acc is _MISSING:
-                acc = self.builder()
-                close = self.align + self.length * (wid + 1)
-                if close < self.lo_close:
+            if self.cur_open <= ts < self.cur_close:
+                wid = self.cur_wid
+            else:
+                wid = (ts - self.align) // self.length
+                self.cur_wid = wid
+                self.cur_open = open_time = self.align + self.length * wid
+                self.cur_close = close = open_time + self.length
+                if wid not in accs and close < self.lo_close:
                     self.lo_close = close
-            accs[wid] = self.folder(acc, value)
+            acc = accs.get(wid, _MISSING)
+            accs[wid] = self.folder(self.builder() if acc is _MISSING else acc, value)
             return
+        d = ts - self.align
         for wid in range((d - self.length) // self.offset + 1, d // self.offset + 1):
             acc = accs.get(wid, _MISSING)
             if acc is _MISSING:
@@ -1162,6 +1186,12 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
 
     def _flush_due(self, wm: datetime) -> None:
         queue = self.queue
+        if len(queue) == 1:  # the common case: the previous value became due
+            value, ts = queue[0]
+            self.queue = []
+            self.qmin = UTC_MAX
+            self._apply(value, ts)
+            return
         due = [e for e in queue if e[1] <= wm]
         rest = [e for e in queue if e[1] > wm]
         due.sort(key=_ts_key)
@@ -1185,43 +1215,41 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
             events.append((_E, wid, acc))
             events.append((_M, wid, WindowMetadata(open_time, open_time + length)))
         self._set_lo()
+        self.cur_open = self.cur_close = UTC_MAX
 
     def _finish(self, wm: datetime, events: list[Any]) -> tuple[list[Any], bool]:
-        if self.queue and self.qmin <= wm:
+        if self.qmin <= wm:
             self._flush_due(wm)
         if wm >= self.lo_close:
             self._close(wm, events)
-        if not self.accs and not self.queue:
-            self.at = None
-            return (events, True)
-        self._set_at(wm)
-        return (events, False)
+        return (events, not self.accs and not self.queue)
 
     @override
     def on_batch(self, values: list[V]) -> tuple[list[Any], bool]:
         now = self.now_getter()
         if now > self.now:
             self.now = now
-        now = self.now
+        else:
+            now = self.now
         base = self.base
-        sys_max = self.sys_max
         try:
-            wm = base + (now - sys_max)
+            wm = base + (now - self.sys_max)
         except OverflowError:
             wm = UTC_MAX
+        if self.qmin <= wm:  # system time alone moved the watermark past queued values
+            self._flush_due(wm)
         events: list[Any] = []
         ts_getter = self.ts_getter
         wait = self.wait
         ordered = self.ordered
-        apply = self._apply
         for value in values:
             ts = ts_getter(value)
             try:
                 cand = ts - wait
                 if cand > wm:
-                    wm = base = cand
-                    sys_max = now
-                    if ordered and self.qmin <= wm:
+                    wm = self.base = cand
+                    self.sys_max = now
+                    if self.qmin <= wm:
                         self._flush_due(wm)
                 late = ts < wm
             except OverflowError:
@@ -1236,10 +1264,10 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
                 if ts < self.qmin:
                     self.qmin = ts
             else:
-                apply(value, ts)
-        self.base = base
-        self.sys_max = sys_max
-        return self._finish(wm, events)
+                self._apply(value, ts)
+        if wm >= self.lo_close:
+            self._close(wm, events)
+        return (events, not self.accs and not self.queue)
 
     @override
     def on_notify(self) -> tuple[list[Any], bool]:
@@ -1254,7 +1282,18 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
 
     @override
     def notify_at(self) -> Optional[datetime]:
-        return self.at
+        t = self.lo_close if self.accs else None
+        if self.ordered and self.queue and (t is None or self.qmin < t):
+            t = self.qmin
+        if t is None:
+            return None
+        if self.to_system is not None:
+            return _event_system_time(self.to_system, self.sys_max, self.base, t)
+        try:
+            exact = self.sys_max + (t - self.base)
+        except OverflowError:
+            return None
+        return exact if exact > t else t
 
     @override
     def snapshot(self) -> tuple[Any, ...]:
