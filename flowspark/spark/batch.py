@@ -1,0 +1,463 @@
+"""Run a compiled plan as Spark batch jobs (every source bounded)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any, Callable, Optional
+
+from flowspark.errors import FlowsparkCompileError, FlowsparkError, FlowsparkRuntimeError, FlowsparkTypeError
+from flowspark.spark.compiler import Plan, SinkPlan, StagePlan, compile_flow
+from flowspark.spark.runtime import (
+    StepFailure,
+    decode_task_error,
+    dumps,
+    encode_task_error,
+    loads,
+    source_seq,
+    stage_function,
+)
+from flowspark.testing import TestingSource
+
+__all__ = ["run"]
+
+_ROW_SCHEMA = "p int, k string, seq binary, v binary"
+_IN_SCHEMA = "k string, seq binary, v binary"
+
+
+def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
+    if isinstance(ex, FlowsparkRuntimeError):
+        return ex
+    err = FlowsparkRuntimeError(step_id, f"error in step {step_id!r}: {type(ex).__name__}: {ex}")
+    err.exc_type = type(ex).__name__  # type: ignore[attr-defined]
+    err.exc_message = str(ex)  # type: ignore[attr-defined]
+    err.__cause__ = ex
+    return err
+
+
+def _action(fn: Callable[[], Any]) -> Any:
+    """Run a Spark action; turn a user error inside a task into a FlowsparkRuntimeError."""
+    try:
+        return fn()
+    except FlowsparkError:
+        raise
+    except Exception as e:
+        err = decode_task_error(str(e))
+        if err is None:
+            raise
+        cause = err.__cause__
+    raise err from cause
+
+
+def _testing_items(step_id: str, src: TestingSource) -> list[Any]:
+    items: list[Any] = []
+    for x in src.items:
+        if isinstance(x, TestingSource.EOF):
+            break
+        if isinstance(x, TestingSource.PAUSE):
+            continue
+        if isinstance(x, TestingSource.ABORT):
+            msg = (
+                f"step {step_id!r}: TestingSource.ABORT cannot run on the Spark batch runtime "
+                "(a batch job has no epochs to abort between); remove the marker or use run_main"
+            )
+            raise FlowsparkCompileError(msg)
+        items.append(x)
+    return items
+
+
+class _Job:
+    def __init__(self, plan: Plan, spark: Any, now: datetime, partitions: int, chunk_size: int) -> None:
+        self.plan = plan
+        self.spark = spark
+        self.now = now
+        self.partitions = partitions
+        self.chunk_size = chunk_size
+        self.parallelism = max(1, spark.sparkContext.defaultParallelism)
+        self.dfs: dict[int, Any] = {}
+        self.persisted: list[Any] = []
+
+    # -- building DataFrames ------------------------------------------------
+    def uses(self) -> dict[int, int]:
+        n: dict[int, int] = {}
+        for st in self.plan.stages:
+            for s, _p, _pad in st.inputs:
+                n[s] = n.get(s, 0) + 1
+        driver_stages = {sk.port[0] for sk in self.plan.sinks if sk.where == "driver"}
+        driver_stages |= {ins.port[0] for ins in self.plan.inspects}
+        for s in driver_stages:
+            n[s] = n.get(s, 0) + 1
+        for sk in self.plan.sinks:
+            if sk.where != "driver":
+                n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if sk.where == "native" and sk.sink.schema is None else 1)
+        return n
+
+    def build(self) -> None:
+        from pyspark import StorageLevel
+
+        uses = self.uses()
+        for st in self.plan.stages:
+            df = self.stage_input(st).mapInArrow(stage_function(st.spec, self.now), _ROW_SCHEMA)
+            if uses.get(st.spec.stage_id, 0) > 1:
+                df = df.persist(StorageLevel.MEMORY_AND_DISK)
+                self.persisted.append(df)
+                _action(df.count)
+            self.dfs[st.spec.stage_id] = df
+
+    def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        df = self.dfs[stage].filter(F.col("p") == port)
+        seq = F.concat(F.col("seq"), F.lit(pad)) if pad else F.col("seq")
+        return df.select(F.col("k"), seq.alias("seq"), F.col("v"))
+
+    def stage_input(self, st: StagePlan) -> Any:
+        if st.kind == "source":
+            return self.source_df(st)
+        dfs = [self.port_df(s, p, pad) for s, p, pad in st.inputs]
+        df = dfs[0]
+        for other in dfs[1:]:
+            df = df.union(other)
+        if st.kind == "keyed":
+            df = df.repartition(self.partitions, "k").sortWithinPartitions("k", "seq")
+        return df
+
+    def rows_df(self, rows: list[tuple[Optional[str], bytes, bytes]], slices: int) -> Any:
+        if not rows:
+            return self.spark.createDataFrame([], _IN_SCHEMA)
+        rdd = self.spark.sparkContext.parallelize(rows, numSlices=max(1, min(slices, len(rows))))
+        return self.spark.createDataFrame(rdd, _IN_SCHEMA)
+
+    def source_df(self, st: StagePlan) -> Any:
+        spec = st.spec
+        sid = spec.source_step
+        src = st.source
+        si = spec.source_index
+        if spec.source == "native":
+            try:
+                return src.load(self.spark)
+            except Exception as e:
+                raise _fail(sid, e) from e
+        if spec.source == "chunks":
+            items = _testing_items(sid, src)
+            size = max(1, min(self.chunk_size, math.ceil(len(items) / (2 * self.parallelism)) or 1))
+            rows = []
+            for start in range(0, len(items), size):
+                chunk = items[start : start + size]
+                try:
+                    blob = dumps(chunk)
+                except Exception as e:
+                    raise _fail(sid, e) from e
+                rows.append((None, source_seq(si, 0, start), blob))
+            return self.rows_df(rows, len(rows))
+        try:
+            from flowspark.inputs import FixedPartitionedSource
+
+            if isinstance(src, FixedPartitionedSource):
+                keys = list(src.list_parts())
+                rows = [(None, source_seq(si, i, 0), dumps((src, key, None))) for i, key in enumerate(keys)]
+            else:
+                n = self.parallelism
+                rows = [(None, source_seq(si, i, 0), dumps((src, None, n))) for i in range(n)]
+        except FlowsparkError:
+            raise
+        except Exception as e:
+            raise _fail(sid, e) from e
+        return self.rows_df(rows, len(rows))
+
+    # -- sinks ----------------------------------------------------------------
+    def run_sinks(self) -> None:
+        for sk in self.plan.sinks:
+            if sk.where == "dynamic":
+                self.write_dynamic(sk)
+            elif sk.where == "fixed":
+                self.write_fixed(sk)
+            elif sk.where == "native":
+                self.write_native(sk)
+        self.collect_driver()
+
+    def write_dynamic(self, sk: SinkPlan) -> None:
+        df = self.port_df(*sk.port)
+        count = df.rdd.getNumPartitions()
+        fn = _dynamic_writer(sk.step_id, sk.sink, count)
+        _action(lambda: df.sortWithinPartitions("seq").mapInArrow(fn, "n long").collect())
+
+    def write_fixed(self, sk: SinkPlan) -> None:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        try:
+            keys = list(sk.sink.list_parts())
+        except Exception as e:
+            raise _fail(sk.step_id, e) from e
+        if not keys:
+            msg = f"step {sk.step_id!r}: sink {type(sk.sink).__name__}.list_parts() returned no partitions"
+            raise FlowsparkCompileError(msg)
+        routed = self.port_df(*sk.port).mapInArrow(
+            _router(sk.step_id, sk.sink, len(keys)), "pi int, seq binary, v binary"
+        )
+        n = min(len(keys), max(self.partitions, 1))
+        df = routed.repartition(n, F.col("pi")).sortWithinPartitions("pi", "seq")
+        fn = _fixed_writer(sk.step_id, sk.sink, keys)
+        _action(lambda: df.mapInArrow(fn, "n long").collect())
+
+    def write_native(self, sk: SinkPlan) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+        from pyspark.sql.types import StructType
+
+        df = self.port_df(*sk.port)
+        schema = sk.sink.schema
+        if schema is None:
+            sample = [loads(r.v) for r in _action(lambda: df.select("v").limit(100).collect())]
+            if not sample:
+                return
+            bad = next((x for x in sample if not isinstance(x, dict)), None)
+            if bad is not None:
+                raise _fail(sk.step_id, _not_dict(sk.step_id, bad))
+            schema = self.spark.createDataFrame(sample).schema
+        elif isinstance(schema, str):
+            schema = StructType.fromDDL(schema)
+        arrow_schema = to_arrow_schema(schema)
+        rows = df.mapInArrow(_to_rows(sk.step_id, arrow_schema), schema)
+        _action(lambda: sk.sink.write(rows))
+
+    def collect_driver(self) -> None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyspark.sql import functions as F  # noqa: N812
+
+        handlers: dict[tuple[int, int], list[tuple[str, Any]]] = {}
+        for ins in self.plan.inspects:
+            handlers.setdefault(ins.port, []).append(("inspect", ins))
+        buffers: dict[str, list[Any]] = {}
+        driver_sinks = [sk for sk in self.plan.sinks if sk.where == "driver"]
+        for sk in driver_sinks:
+            handlers.setdefault(sk.port, []).append(("sink", sk))
+            buffers[sk.step_id] = []
+        if not handlers:
+            return
+        by_stage: dict[int, list[int]] = {}
+        for s, p in handlers:
+            by_stage.setdefault(s, []).append(p)
+        parts = [
+            self.dfs[s].filter(F.col("p").isin(ps)).select(F.lit(s).alias("st"), "p", "seq", "v")
+            for s, ps in sorted(by_stage.items())
+        ]
+        df = parts[0]
+        for other in parts[1:]:
+            df = df.union(other)
+        table = _action(df.toArrow)
+        if table.num_rows:
+            order = pc.sort_indices(
+                table, sort_keys=[("seq", "ascending"), ("st", "ascending"), ("p", "ascending")]
+            )
+            table = table.take(order)
+        sts = table.column("st").to_pylist() if table.num_rows else []
+        ps = table.column("p").to_pylist() if table.num_rows else []
+        vs = table.column("v").to_pylist() if table.num_rows else []
+        del table, pa
+        for s, p, v in zip(sts, ps, vs, strict=True):
+            item = loads(v)
+            for kind, h in handlers[(s, p)]:
+                if kind == "inspect":
+                    try:
+                        h.inspector(h.step_id, item, 1, 0)
+                    except Exception as e:
+                        raise _fail(h.step_id, e) from e
+                else:
+                    buffers[h.step_id].append(item)
+        for sk in driver_sinks:
+            try:
+                part = sk.sink.build(sk.step_id, 0, 1)
+                items = buffers[sk.step_id]
+                if items:
+                    part.write_batch(items)
+                part.close()
+            except Exception as e:
+                raise _fail(sk.step_id, e) from e
+
+    def close(self) -> None:
+        for df in self.persisted:
+            try:
+                df.unpersist()
+            except Exception:  # noqa: BLE001,S110
+                pass
+
+
+def _not_dict(step_id: str, x: Any) -> FlowsparkTypeError:
+    msg = (
+        f"step {step_id!r}: SparkSink writes dict items (one row each); received {x!r} of type "
+        f"{type(x).__name__}; map items to dicts before the output"
+    )
+    return FlowsparkTypeError(msg)
+
+
+def _guard(step_id: str, body: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def fn(batches: Iterator[Any]) -> Iterator[Any]:
+        try:
+            yield from body(batches)
+        except StepFailure as f:
+            raise RuntimeError(encode_task_error(f)) from None
+        except Exception as e:  # noqa: BLE001
+            raise RuntimeError(encode_task_error(StepFailure(step_id, e))) from None
+
+    return fn
+
+
+def _dynamic_writer(step_id: str, sink: Any, count: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def body(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        part = sink.build(step_id, ctx.partitionId() if ctx else 0, count)
+        n = 0
+        try:
+            for b in batches:
+                items = [loads(v) for v in b.column(2).to_pylist()]
+                if items:
+                    part.write_batch(items)
+                n += len(items)
+        finally:
+            part.close()
+        yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
+
+    return _guard(step_id, body)
+
+
+def _router(step_id: str, sink: Any, n: int) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def body(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        part_fn = sink.part_fn
+        for b in batches:
+            pis: list[int] = []
+            vs: list[bytes] = []
+            for v in b.column(2).to_pylist():
+                kv = loads(v)
+                if type(kv) is not tuple or len(kv) != 2 or not isinstance(kv[0], str):
+                    msg = (
+                        f"step {step_id!r}: {type(sink).__name__} is partitioned and needs "
+                        f"`(str key, value)` items; received {kv!r}; add `op.key_on` before the output"
+                    )
+                    raise FlowsparkTypeError(msg)
+                pis.append(part_fn(kv[0]) % n)
+                vs.append(dumps(kv[1]))
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(pis, pa.int32()), b.column(1), pa.array(vs, pa.binary())], names=["pi", "seq", "v"]
+            )
+
+    return _guard(step_id, body)
+
+
+def _fixed_writer(step_id: str, sink: Any, keys: list[str]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def body(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        parts: dict[int, Any] = {}
+        n = 0
+        try:
+            for b in batches:
+                pis = b.column(0).to_pylist()
+                vs = b.column(2).to_pylist()
+                i = 0
+                while i < len(pis):
+                    pi = pis[i]
+                    j = i
+                    while j < len(pis) and pis[j] == pi:
+                        j += 1
+                    part = parts.get(pi)
+                    if part is None:
+                        part = parts[pi] = sink.build_part(step_id, keys[pi], None)
+                    part.write_batch([loads(v) for v in vs[i:j]])
+                    n += j - i
+                    i = j
+        finally:
+            for part in parts.values():
+                part.close()
+        yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
+
+    return _guard(step_id, body)
+
+
+def _to_rows(step_id: str, arrow_schema: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def body(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for b in batches:
+            items = [loads(v) for v in b.column(2).to_pylist()]
+            for x in items:
+                if not isinstance(x, dict):
+                    raise _not_dict(step_id, x)
+            if items:
+                yield pa.RecordBatch.from_pylist(items, schema=arrow_schema)
+
+    return _guard(step_id, body)
+
+
+def run(
+    flow: Any,
+    *,
+    spark: Any = None,
+    start_time: Optional[datetime] = None,
+    partitions: Optional[int] = None,
+    chunk_size: int = 20_000,
+    explain: bool = False,
+) -> None:
+    """Compile a dataflow and run it on Spark as batch jobs; return when it is done.
+
+    Every source must be bounded. Items for `TestingSink` and `StdOutSink` and
+    everything `inspect` sees are collected to the driver and handed over there in
+    sequence order (the in-memory executor's order for each source partition, and
+    per key exactly).
+
+    Args:
+        flow: The `Dataflow`.
+        spark: The SparkSession to use; default the active one, or a new local one
+            (`flowspark.spark.session.get_session`).
+        start_time: The logical "now" of the run (aware datetime): `utc_now()` returns it
+            in every step and notifications due at or before it fire (see docs/spark.md);
+            default the wall-clock time when the job starts.
+        partitions: Spark partitions of keyed stages; default `spark.sql.shuffle.partitions`.
+        chunk_size: `TestingSource` items per chunk shipped from the driver.
+        explain: Print the compiled plan before running.
+
+    Raises:
+        FlowsparkRuntimeError: A user callable failed (names the step, carries the
+            original exception's type and message, chains it when it could be unpickled).
+        FlowsparkCompileError: The flow cannot run on Spark.
+        FlowsparkTypeError: A bad argument.
+
+    Example:
+        >>> import flowspark.operators as op
+        >>> from flowspark.dataflow import Dataflow
+        >>> from flowspark.testing import TestingSource, TestingSink
+        >>> flow = Dataflow("eg")
+        >>> out = []
+        >>> nums = op.input("inp", flow, TestingSource([1, 2]))
+        >>> op.output("out", op.map("inc", nums, lambda x: x + 1), TestingSink(out))
+        >>> run(flow)  # doctest: +SKIP
+        >>> out  # doctest: +SKIP
+        [2, 3]
+    """
+    plan = compile_flow(flow)
+    if start_time is None:
+        start_time = datetime.now(timezone.utc)
+    if not isinstance(start_time, datetime) or start_time.tzinfo is None:
+        msg = f"flowspark.spark.run: start_time must be an aware datetime; received {start_time!r}"
+        raise FlowsparkTypeError(msg)
+    if spark is None:
+        from flowspark.spark.session import get_session
+
+        spark = get_session()
+    if partitions is None:
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
+    if explain:
+        print(plan)
+    job = _Job(plan, spark, start_time, partitions, chunk_size)
+    try:
+        job.build()
+        job.run_sinks()
+    finally:
+        job.close()
+

@@ -1,0 +1,738 @@
+"""What runs inside Spark's Python workers: the stage evaluator and the per-key driver.
+
+Everything here is plain Python over lists and bytes (pyarrow is only touched
+in `run_stage_batches`, the adapter `mapInArrow` calls), so the same functions
+serve the bounded batch runtime and a grouped-state streaming runtime.
+
+Sequences. Every item travels with a *sequence*: bytes that sort (unsigned,
+lexicographically) in the order the items must be processed. A source stamps
+`>IIQ` (source index, source partition, position); every `flat_map_batch`
+appends one `>I` component (the index of the output among the outputs of its
+input item); a stateful step appends one component (the index of the emit
+among the emits caused by one input value; emits at the end of a key use
+indexes from `EOF_BASE` on, so they sort after everything the key emitted
+before); a merge pads each upstream's sequences to the same length and appends
+the upstream's index. All sequences of one stream therefore have the same
+length, and sorting by sequence restores the order of the in-memory executor
+for every item of one source partition and, within a key, exactly.
+
+The per-key driver (`drive_key`) runs a chain of stateful steps over one key's
+values, given in sequence order. Time is a fixed logical `now` for the whole
+call (see `docs/spark.md`): before each value, every notification that is due
+(`notify_at() <= now`) fires (re-reading `notify_at()` after each fire; a time
+equal to the one just fired does not fire again); at the end of the key's
+values due notifications fire, then `on_eof` (when `eof=True`).
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import re
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Callable, Optional
+
+import cloudpickle
+
+from flowspark._time import use_clock
+from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError
+from flowspark.operators import StatefulBatchLogic, StatefulLogic, _StatefulLogic
+
+__all__ = [
+    "EOF_BASE",
+    "KeyedStep",
+    "Op",
+    "StageSpec",
+    "StepFailure",
+    "decode_task_error",
+    "drive_key",
+    "drive_sorted_rows",
+    "encode_task_error",
+    "run_stage_rows",
+]
+
+#: First emit index used for emits at the end of a key (notifications fired after
+#: the last value, then `on_eof`), so they sort after every other emit of the key.
+EOF_BASE = 1 << 31
+
+_IDX_CACHE = [struct.pack(">I", i) for i in range(4096)]
+_PACK_I = struct.Struct(">I").pack
+_PACK_SRC = struct.Struct(">IIQ").pack
+_KEY_CHUNK = 4096
+
+
+def idx(i: int) -> bytes:
+    """Encode one sequence component.
+
+    Args:
+        i: The index (0 <= i < 2**32).
+
+    Returns:
+        Four big-endian bytes.
+    """
+    return _IDX_CACHE[i] if i < 4096 else _PACK_I(i)
+
+
+def source_seq(source_index: int, partition: int, position: int) -> bytes:
+    """Encode the sequence a source stamps on an item.
+
+    Args:
+        source_index: Index of the input step in the flow.
+        partition: Index of the source partition.
+        position: Position of the item in its partition.
+
+    Returns:
+        16 bytes.
+    """
+    return _PACK_SRC(source_index, partition, position)
+
+
+def dumps(x: Any) -> bytes:
+    """Pickle an item (plain pickle, cloudpickle for what plain pickle refuses).
+
+    Args:
+        x: The item.
+
+    Returns:
+        The bytes.
+    """
+    try:
+        return pickle.dumps(x, protocol=5)
+    except Exception:  # noqa: BLE001
+        return cloudpickle.dumps(x, protocol=5)
+
+
+loads = pickle.loads
+
+
+# --------------------------------------------------------------------------- errors
+class StepFailure(Exception):
+    """A user callable (or the data it received) failed in step `step_id`."""
+
+    def __init__(self, step_id: str, error: BaseException) -> None:
+        """Wrap `error` raised in `step_id`."""
+        super().__init__(f"error in step {step_id!r}: {type(error).__name__}: {error}")
+        self.step_id = step_id
+        self.error = error
+
+
+_MARK_RE = re.compile(r"FLOWSPARK_TASK_ERROR<<([A-Za-z0-9+/=]+)>>")
+
+
+def encode_task_error(fail: StepFailure) -> str:
+    """Encode a step failure into a marker that survives Spark's exception chain.
+
+    Args:
+        fail: The failure.
+
+    Returns:
+        A message carrying the marker.
+    """
+    err = fail.error
+    try:
+        blob = pickle.dumps(err)
+        pickle.loads(blob)
+    except Exception:  # noqa: BLE001
+        blob = None
+    payload = pickle.dumps((fail.step_id, type(err).__name__, str(err), blob))
+    return f"{fail} FLOWSPARK_TASK_ERROR<<{base64.b64encode(payload).decode()}>>"
+
+
+def decode_task_error(text: str) -> Optional[FlowsparkRuntimeError]:
+    """Find a marker made by `encode_task_error` in `text` and rebuild the error.
+
+    Args:
+        text: Any text (e.g. the message of a Py4J or PySpark exception).
+
+    Returns:
+        A `FlowsparkRuntimeError` naming the step, with the original exception as
+        `__cause__` (when it could be unpickled) and attributes `exc_type` and
+        `exc_message`; `None` when `text` holds no marker.
+    """
+    m = _MARK_RE.search(text)
+    if m is None:
+        return None
+    step_id, type_name, message, blob = pickle.loads(base64.b64decode(m.group(1)))
+    err = FlowsparkRuntimeError(step_id, f"error in step {step_id!r}: {type_name}: {message}")
+    err.exc_type = type_name  # type: ignore[attr-defined]
+    err.exc_message = message  # type: ignore[attr-defined]
+    if blob is not None:
+        try:
+            err.__cause__ = pickle.loads(blob)
+        except Exception:  # noqa: BLE001,S110
+            pass
+    return err
+
+
+# --------------------------------------------------------------------------- specs
+@dataclass(frozen=True)
+class Op:
+    """One stateless core step inside a fused stage.
+
+    `kind` is `map` (flat_map_batch), `inspect` (pass through and copy to
+    `side`), `pass` (redistribute), `branch` or `merge`. `ups`/`downs` are
+    stream ids; for `merge`, `pads[i]` is appended to the sequences of `ups[i]`.
+    """
+
+    kind: str
+    step_id: str
+    ups: tuple[str, ...]
+    downs: tuple[str, ...]
+    fn: Optional[Callable[..., Any]] = None
+    pads: tuple[bytes, ...] = ()
+
+
+@dataclass(frozen=True)
+class KeyedStep:
+    """One stateful step of a fused keyed chain."""
+
+    step_id: str
+    builder: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Port:
+    """A stream that leaves its stage (to another stage, a sink or the driver).
+
+    `key_for` names the stateful step whose input this stream is: the stage
+    then checks items are `(str, value)` and fills the key column.
+    """
+
+    stream: str
+    key_for: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What one Python pass of a stage does (shipped to the workers, pickled once per stage).
+
+    `source`: how input rows become items: `rows` (k, seq, v rows of a previous
+    stage), `chunks` (pickled lists of items sent from the driver), `parts`
+    (source partitions to build and read), `native` (rows of a Spark DataFrame,
+    one dict per row). `entry` is the stream the input items (or, when `chain` is
+    not empty, the chain's emits) belong to.
+    """
+
+    stage_id: int
+    source: str
+    entry: str
+    chain: tuple[KeyedStep, ...] = ()
+    ops: tuple[Op, ...] = ()
+    ports: tuple[Port, ...] = ()
+    source_step: str = ""
+    source_index: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- keyed driver
+_NOTIFY_CACHE: dict[type, bool] = {}
+
+
+def _wants_notify(logic: Any) -> bool:
+    inner = logic.logic if type(logic) is _StatefulLogic else logic
+    cls = type(inner)
+    hit = _NOTIFY_CACHE.get(cls)
+    if hit is None:
+        base = StatefulLogic if isinstance(inner, StatefulLogic) else StatefulBatchLogic
+        hit = cls.notify_at is not base.notify_at
+        _NOTIFY_CACHE[cls] = hit
+    return hit
+
+
+def _build(step: KeyedStep, key: str, state: Any) -> Any:
+    logic = step.builder(state)
+    if not isinstance(logic, StatefulBatchLogic):
+        msg = (
+            f"step {step.step_id!r}: builder must return a StatefulBatchLogic (or, for "
+            f"`op.stateful`, a StatefulLogic); returned {logic!r} for key {key!r}"
+        )
+        raise FlowsparkTypeError(msg)
+    return logic
+
+
+def _emits(step_id: str, key: str, res: Any, where: str) -> tuple[list[Any], bool]:
+    if type(res) is not tuple or len(res) != 2:
+        msg = (
+            f"step {step_id!r}: {where} must return a 2-tuple (emits, discard) such as "
+            f"`([x], StatefulLogic.RETAIN)`; returned {res!r} for key {key!r}"
+        )
+        raise FlowsparkTypeError(msg)
+    emits, discard = res
+    return (emits if type(emits) is list else list(emits)), bool(discard)
+
+
+def _due(step_id: str, key: str, logic: Any, now: datetime, last: Optional[datetime]) -> Optional[datetime]:
+    at = logic.notify_at()
+    if at is None:
+        return None
+    if not isinstance(at, datetime) or at.tzinfo is None:
+        msg = (
+            f"step {step_id!r}: notify_at() must return an aware datetime "
+            f"(e.g. datetime.now(timezone.utc)) or None; returned {at!r} for key {key!r}"
+        )
+        raise FlowsparkTypeError(msg)
+    if at <= now and at != last:
+        return at
+    return None
+
+
+def _run_step(
+    step: KeyedStep,
+    key: str,
+    items: list[tuple[bytes, Any]],
+    logic: Any,
+    now: datetime,
+    eof: bool,
+) -> tuple[list[tuple[bytes, Any]], Any]:
+    """Run one stateful step over one key's values; return (emits with sequences, logic or None)."""
+    sid = step.step_id
+    out: list[tuple[bytes, Any]] = []
+    if items and logic is None:
+        logic = _build(step, key, None)
+    if logic is not None and not _wants_notify(logic):
+        # No timers: hand the values over in large batches. Emit j of a batch gets the
+        # sequence of value min(j, n-1) plus j: strictly increasing, so order is kept.
+        for start in range(0, len(items), _KEY_CHUNK):
+            chunk = items[start : start + _KEY_CHUNK]
+            if logic is None:
+                logic = _build(step, key, None)
+            res = logic.on_batch([v for _, v in chunk])
+            if type(res) is tuple and len(res) == 2 and type(res[0]) is list:
+                ws, discard = res
+            else:
+                ws, discard = _emits(sid, key, res, "on_batch()/on_item()")
+            if ws:
+                last = len(chunk) - 1
+                for j, w in enumerate(ws):
+                    out.append((chunk[j if j < last else last][0] + idx(j), w))
+            if discard:
+                logic = None
+        last_seq = items[-1][0] if items else b""
+        if eof and logic is not None:
+            ws, discard = _emits(sid, key, logic.on_eof(), "on_eof()")
+            for j, w in enumerate(ws):
+                out.append((last_seq + idx(EOF_BASE + j), w))
+            if discard:
+                logic = None
+        return out, logic
+    last_fired: Optional[datetime] = None
+    for seq, v in items:
+        n = 0
+        if logic is None:
+            logic = _build(step, key, None)
+            last_fired = None
+        while logic is not None:
+            at = _due(sid, key, logic, now, last_fired)
+            if at is None:
+                break
+            last_fired = at
+            ws, discard = _emits(sid, key, logic.on_notify(), "on_notify()")
+            for w in ws:
+                out.append((seq + idx(n), w))
+                n += 1
+            if discard:
+                logic = None
+        if logic is None:
+            logic = _build(step, key, None)
+            last_fired = None
+        ws, discard = _emits(sid, key, logic.on_batch([v]), "on_batch()/on_item()")
+        for w in ws:
+            out.append((seq + idx(n), w))
+            n += 1
+        if discard:
+            logic = None
+    if eof and logic is not None:
+        last_seq = items[-1][0] if items else b""
+        n = EOF_BASE
+        while logic is not None:
+            at = _due(sid, key, logic, now, last_fired)
+            if at is None:
+                break
+            last_fired = at
+            ws, discard = _emits(sid, key, logic.on_notify(), "on_notify()")
+            for w in ws:
+                out.append((last_seq + idx(n), w))
+                n += 1
+            if discard:
+                logic = None
+        if logic is not None:
+            ws, discard = _emits(sid, key, logic.on_eof(), "on_eof()")
+            for w in ws:
+                out.append((last_seq + idx(n), w))
+                n += 1
+            if discard:
+                logic = None
+    return out, logic
+
+
+def drive_key(
+    key: str,
+    items: list[tuple[bytes, Any]],
+    steps: tuple[KeyedStep, ...],
+    logics: Optional[list[Any]] = None,
+    *,
+    now: datetime,
+    eof: bool = True,
+) -> tuple[list[tuple[bytes, Any]], list[Any]]:
+    """Run a fused chain of stateful steps over the values of one key.
+
+    Time does not pass during the call (`now` is fixed), so running the chain
+    step after step over the whole key is the same as interleaving the steps
+    value by value.
+
+    Args:
+        key: The key.
+        items: `(sequence, value)` pairs of the key, in sequence order.
+        steps: The chain (each step consumes the previous one's emits).
+        logics: The live logic of each step for this key (`None` entries are built
+            fresh on the first value); default all `None`. A streaming runtime passes
+            logics rebuilt from state and keeps the returned ones.
+        now: The logical time notifications are compared with.
+        eof: Whether the input of this key ends here (fire due notifications and
+            `on_eof` after the last value).
+
+    Returns:
+        `(emits, logics)`: the last step's emits as `(sequence, value)` pairs in
+        order (values only; the key is implied), and each step's logic after the
+        call (`None` where it was discarded).
+
+    Raises:
+        StepFailure: A user callable failed or returned something malformed.
+    """
+    cur = logics if logics is not None else [None] * len(steps)
+    new: list[Any] = []
+    for i, step in enumerate(steps):
+        try:
+            items, logic = _run_step(step, key, items, cur[i], now, eof)
+        except StepFailure:
+            raise
+        except Exception as e:
+            raise StepFailure(step.step_id, e) from e
+        new.append(logic)
+    return items, new
+
+
+def drive_sorted_rows(
+    rows: Iterable[tuple[str, bytes, Any]],
+    steps: tuple[KeyedStep, ...],
+    *,
+    now: datetime,
+) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:
+    """Drive a chain over rows sorted by (key, sequence): one `drive_key` call per key.
+
+    Args:
+        rows: `(key, sequence, value)` triples sorted by key then sequence.
+        steps: The fused chain.
+        now: The logical time.
+
+    Yields:
+        `(key, emits)` for each key, in the order of the rows.
+    """
+    cur_key: Optional[str] = None
+    buf: list[tuple[bytes, Any]] = []
+    for k, s, v in rows:
+        if k != cur_key:
+            if cur_key is not None:
+                yield cur_key, drive_key(cur_key, buf, steps, now=now)[0]
+            cur_key = k
+            buf = []
+        buf.append((s, v))
+    if cur_key is not None:
+        yield cur_key, drive_key(cur_key, buf, steps, now=now)[0]
+
+
+# --------------------------------------------------------------------------- stateless ops
+def _bad_key_item(step_id: str, kv: Any) -> FlowsparkTypeError:
+    if isinstance(kv, tuple) and len(kv) == 2:
+        msg = (
+            f"step {step_id!r}: keys must be str; received key {kv[0]!r} of type "
+            f"{type(kv[0]).__name__} in item {kv!r}; convert it in `op.key_on` (e.g. `str(...)`)"
+        )
+    else:
+        msg = (
+            f"step {step_id!r} requires `(key, value)` 2-tuple items; received {kv!r} "
+            f"of type {type(kv).__name__}; use `op.key_on` to make a keyed stream"
+        )
+    return FlowsparkTypeError(msg)
+
+
+def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]]) -> None:
+    """Run the stateless ops over `streams` (stream id -> [(seq, item)]), in place."""
+    empty: list[tuple[bytes, Any]] = []
+    for op in ops:
+        kind = op.kind
+        if kind == "merge":
+            out: list[tuple[bytes, Any]] = []
+            for up, pad in zip(op.ups, op.pads, strict=True):
+                out.extend([(s + pad, x) for s, x in streams.get(up, empty)])
+            streams[op.downs[0]] = out
+            continue
+        ins = streams.get(op.ups[0], empty)
+        if kind == "map":
+            fn = op.fn
+            assert fn is not None
+            out = []
+            try:
+                for s, x in ins:
+                    res = fn([x])
+                    if type(res) is list and len(res) == 1:
+                        out.append((s + _IDX_CACHE[0], res[0]))
+                        continue
+                    try:
+                        it = iter(res)
+                    except TypeError:
+                        msg = (
+                            f"step {op.step_id!r}: the mapper must return an iterable; "
+                            f"returned {res!r} of type {type(res).__name__}"
+                        )
+                        raise FlowsparkTypeError(msg) from None
+                    for j, y in enumerate(it):
+                        out.append((s + idx(j), y))
+            except Exception as e:
+                raise StepFailure(op.step_id, e) from e
+            streams[op.downs[0]] = out
+        elif kind == "branch":
+            pred = op.fn
+            assert pred is not None
+            trues: list[tuple[bytes, Any]] = []
+            falses: list[tuple[bytes, Any]] = []
+            try:
+                for sx in ins:
+                    r = pred(sx[1])
+                    if r is True:
+                        trues.append(sx)
+                    elif r is False:
+                        falses.append(sx)
+                    else:
+                        msg = (
+                            f"step {op.step_id!r}: branch predicate must return a bool; "
+                            f"returned {r!r} of type {type(r).__name__} for item {sx[1]!r}"
+                        )
+                        raise FlowsparkTypeError(msg)
+            except Exception as e:
+                raise StepFailure(op.step_id, e) from e
+            streams[op.downs[0]] = trues
+            streams[op.downs[1]] = falses
+        else:  # inspect (downs: passthrough, side copy) and pass (redistribute)
+            for d in op.downs:
+                streams[d] = ins
+
+
+def _port_rows(
+    spec: StageSpec,
+    streams: dict[str, list[tuple[bytes, Any]]],
+    out_p: list[int],
+    out_k: list[Optional[str]],
+    out_s: list[bytes],
+    out_v: list[bytes],
+) -> None:
+    for p, port in enumerate(spec.ports):
+        items = streams.get(port.stream)
+        if not items:
+            continue
+        if port.key_for is not None:
+            sid = port.key_for
+            for s, x in items:
+                if type(x) is not tuple or len(x) != 2 or type(x[0]) is not str:
+                    raise StepFailure(sid, _bad_key_item(sid, x))
+                out_p.append(p)
+                out_k.append(x[0])
+                out_s.append(s)
+                out_v.append(dumps(x))
+        else:
+            for s, x in items:
+                out_p.append(p)
+                out_k.append(None)
+                out_s.append(s)
+                out_v.append(dumps(x))
+
+
+def run_stage_rows(
+    spec: StageSpec,
+    items: list[tuple[bytes, Any]],
+) -> tuple[list[int], list[Optional[str]], list[bytes], list[bytes]]:
+    """Push items of the stage's entry stream through its stateless ops.
+
+    Args:
+        spec: The stage.
+        items: `(sequence, item)` pairs of the entry stream.
+
+    Returns:
+        Column lists `(port, key, sequence, pickled item)` of the rows leaving the stage.
+
+    Raises:
+        StepFailure: A user callable failed.
+    """
+    streams: dict[str, list[tuple[bytes, Any]]] = {spec.entry: items}
+    _apply_ops(spec.ops, streams)
+    cols: tuple[list[int], list[Optional[str]], list[bytes], list[bytes]] = ([], [], [], [])
+    _port_rows(spec, streams, *cols)
+    return cols
+
+
+# --------------------------------------------------------------------------- sources inside tasks
+def _read_partition(step_id: str, part: Any) -> Iterator[list[Any]]:
+    """Read a built source partition to its end, batch by batch."""
+    import time
+
+    from flowspark._time import utc_now
+    from flowspark.inputs import AbortExecution
+
+    try:
+        while True:
+            awake = part.next_awake() if hasattr(part, "next_awake") else None
+            if awake is not None:
+                wait = (awake - utc_now()).total_seconds()
+                if wait > 0:
+                    time.sleep(min(wait, 1.0))
+                    continue
+            try:
+                batch = part.next_batch()
+            except StopIteration:
+                return
+            except AbortExecution:
+                msg = "the source aborted the execution (AbortExecution); a Spark batch job cannot stop half-way"
+                raise RuntimeError(msg) from None
+            yield list(batch)
+    except StepFailure:
+        raise
+    except Exception as e:
+        raise StepFailure(step_id, e) from e
+    finally:
+        try:
+            part.close()
+        except Exception:  # noqa: BLE001,S110
+            pass
+
+
+def _entry_items_from_source(spec: StageSpec, batch: Any, partition_id: int) -> Iterator[list[tuple[bytes, Any]]]:
+    """Turn one Arrow batch of the stage's input into lists of (seq, item) of the entry stream."""
+    src = spec.source
+    if src == "chunks":
+        seqs = batch.column(1).to_pylist()
+        blobs = batch.column(2).to_pylist()
+        for head, blob in zip(seqs, blobs, strict=True):
+            si, pi, pos = struct.unpack(">IIQ", head)
+            xs = loads(blob)
+            yield [(_PACK_SRC(si, pi, pos + i), x) for i, x in enumerate(xs)]
+    elif src == "parts":
+        seqs = batch.column(1).to_pylist()
+        blobs = batch.column(2).to_pylist()
+        for head, blob in zip(seqs, blobs, strict=True):
+            si, pi, _ = struct.unpack(">IIQ", head)
+            source, part_key, worker_count = loads(blob)
+            try:
+                if part_key is None:
+                    part = source.build(spec.source_step, pi, worker_count)
+                else:
+                    part = source.build_part(spec.source_step, part_key, None)
+            except Exception as e:
+                raise StepFailure(spec.source_step, e) from e
+            pos = 0
+            for xs in _read_partition(spec.source_step, part):
+                yield [(_PACK_SRC(si, pi, pos + i), x) for i, x in enumerate(xs)]
+                pos += len(xs)
+    else:
+        raise AssertionError(src)
+
+
+def stage_function(
+    spec: StageSpec, now: datetime, out_batch_rows: int = 8192
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """Build the function `mapInArrow` calls for one stage.
+
+    Args:
+        spec: The stage.
+        now: The logical time of the run (installed as the clock of `flowspark._time`).
+        out_batch_rows: Rows per output Arrow batch.
+
+    Returns:
+        A function from an iterator of `pyarrow.RecordBatch` to one of output batches
+        with columns `p` (int32), `k` (string), `seq` (binary), `v` (binary).
+    """
+
+    def fn(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        try:
+            from pyspark import TaskContext
+
+            ctx = TaskContext.get()
+            partition_id = ctx.partitionId() if ctx is not None else 0
+        except Exception:  # noqa: BLE001
+            partition_id = 0
+        schema = pa.schema(
+            [("p", pa.int32()), ("k", pa.string()), ("seq", pa.binary()), ("v", pa.binary())]
+        )
+
+        def mk(cols: tuple[list[int], list[Optional[str]], list[bytes], list[bytes]]) -> Any:
+            return pa.RecordBatch.from_arrays(
+                [
+                    pa.array(cols[0], pa.int32()),
+                    pa.array(cols[1], pa.string()),
+                    pa.array(cols[2], pa.binary()),
+                    pa.array(cols[3], pa.binary()),
+                ],
+                schema=schema,
+            )
+
+        try:
+            with use_clock(lambda: now):
+                for cols in _stage_columns(spec, batches, now, partition_id, out_batch_rows):
+                    if cols[0]:
+                        yield mk(cols)
+        except StepFailure as f:
+            raise RuntimeError(encode_task_error(f)) from None
+
+    return fn
+
+
+def _stage_columns(
+    spec: StageSpec, batches: Iterator[Any], now: datetime, partition_id: int, out_rows: int
+) -> Iterator[tuple[list[int], list[Optional[str]], list[bytes], list[bytes]]]:
+    src = spec.source
+    if spec.chain:
+        # Keyed stage: rows arrive sorted by (k, seq).
+        def rows() -> Iterator[tuple[str, bytes, Any]]:
+            for b in batches:
+                ks = b.column(0).to_pylist()
+                ss = b.column(1).to_pylist()
+                vs = b.column(2).to_pylist()
+                for k, s, v in zip(ks, ss, vs, strict=True):
+                    yield k, s, loads(v)[1]
+
+        pending: list[tuple[bytes, Any]] = []
+        for key, emits in drive_sorted_rows(rows(), spec.chain, now=now):
+            if emits:
+                pending.extend([(s, (key, w)) for s, w in emits])
+            if len(pending) >= out_rows:
+                yield run_stage_rows(spec, pending)
+                pending = []
+        if pending:
+            yield run_stage_rows(spec, pending)
+        return
+    if src == "rows":
+        for b in batches:
+            ss = b.column(1).to_pylist()
+            vs = b.column(2).to_pylist()
+            yield run_stage_rows(spec, [(s, loads(v)) for s, v in zip(ss, vs, strict=True)])
+        return
+    if src == "native":
+        si = spec.source_index
+        pos = 0
+        for b in batches:
+            try:
+                xs = b.to_pylist()
+            except Exception as e:
+                raise StepFailure(spec.source_step, e) from e
+            items = [(_PACK_SRC(si, partition_id, pos + i), x) for i, x in enumerate(xs)]
+            pos += len(xs)
+            yield run_stage_rows(spec, items)
+        return
+    for b in batches:
+        for items in _entry_items_from_source(spec, b, partition_id):
+            for start in range(0, len(items), out_rows):
+                yield run_stage_rows(spec, items[start : start + out_rows])
