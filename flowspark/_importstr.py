@@ -60,7 +60,10 @@ def _fail(msg: str) -> ImportStrError:
 
 
 def _short(obj: Any, limit: int = 60) -> str:
-    text = repr(obj)
+    try:
+        text = repr(obj)
+    except Exception:  # noqa: BLE001
+        text = f"<{type(obj).__name__} object>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -200,7 +203,7 @@ def _import(spec: ImportStr) -> Any:
             err = _shadowed(spec, name, already, expected)
             if err is not None:
                 raise err
-        if str(root) not in sys.path:
+        if not sys.path or sys.path[0] != str(root):
             sys.path.insert(0, str(root))
     else:
         name = spec.target

@@ -511,3 +511,52 @@ def test_missing_relative_path_says_where_it_was_looked_for(tmp_path, monkeypatc
         FileSource("data/in.txt")
     with pytest.raises(FileNotFoundError, match=r"'outd' does not exist \(relative to the current directory"):
         DirSink("outd", 1)
+
+
+# -- differential: the same files through Bytewax 0.21.1 ----------------------------
+
+
+@pytest.mark.bytewax
+def test_file_connectors_match_bytewax(tmp_path):
+    bw_op = pytest.importorskip("bytewax.operators")
+    from bytewax.connectors import files as bw_files
+    from bytewax.dataflow import Dataflow as BwDataflow
+    from bytewax.testing import TestingSink as BwSink
+    from bytewax.testing import TestingSource as BwSource
+    from bytewax.testing import run_main as bw_run_main
+
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.txt").write_text("one\ntwo\r\n\nthree")
+    (d / "b.txt").write_text("x\ny\n")
+    (tmp_path / "in.csv").write_text('k,v\na,1\nb,"2,5"\nc,"multi\nline"\n')
+
+    def ours(make_source):
+        return _run_source(make_source(FileSource, DirSource, CSVSource))
+
+    def theirs(make_source):
+        flow = BwDataflow("f")
+        out = []
+        bw_op.output(
+            "out",
+            bw_op.input("inp", flow, make_source(bw_files.FileSource, bw_files.DirSource, bw_files.CSVSource)),
+            BwSink(out),
+        )
+        bw_run_main(flow)
+        return out
+
+    cases = [
+        lambda F, D, C: F(d / "a.txt", batch_size=2),
+        lambda F, D, C: D(d, "*.txt"),
+        lambda F, D, C: C(tmp_path / "in.csv"),
+    ]
+    for make in cases:
+        assert sorted(map(repr, ours(make))) == sorted(map(repr, theirs(make)))
+
+    ours_out, theirs_out = tmp_path / "ours.txt", tmp_path / "theirs.txt"
+    items = [("k", "a"), ("j", "b"), ("k", "c")]
+    run_main(_write_flow(items, FileSink(ours_out, end="|\n")))
+    flow = BwDataflow("f")
+    bw_op.output("out", bw_op.input("inp", flow, BwSource(items)), bw_files.FileSink(theirs_out, end="|\n"))
+    bw_run_main(flow)
+    assert ours_out.read_bytes() == theirs_out.read_bytes()
