@@ -864,6 +864,13 @@ class _WindowLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, Any, d
     def _empty(self) -> bool:
         return not self.logics and not self.queue and self.windower.is_empty()
 
+    def _diagnose(self, value: V) -> None:
+        clock = self.clock
+        if isinstance(clock, _EventClockLogic):
+            ts = clock.ts_getter(value)
+            if not isinstance(ts, datetime) or ts.tzinfo is None:
+                raise _bad_timestamp(self.step_id, ts, value) from None
+
     @override
     def on_batch(self, values: list[V]) -> tuple[list[Any], bool]:
         clock = self.clock
@@ -873,11 +880,12 @@ class _WindowLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, Any, d
         queue = self.queue
         wm = self.last_wm
         for value in values:
-            ts, wm = on_item(value)
             try:
+                ts, wm = on_item(value)
                 late = ts < wm
             except TypeError:
-                raise _bad_timestamp(self.step_id, ts, value) from None
+                self._diagnose(value)
+                raise
             if late:
                 for wid in self.windower.late_for(ts):
                     events.append((_L, wid, value))

@@ -475,7 +475,7 @@ class _StatefulRt(_Rt):
                 logics[key] = logic
             touched[key] = None
             res = logic.on_batch(values)
-            if type(res) is tuple and len(res) == 2 and type(res[0]) is list:
+            if type(res) is tuple and len(res) == 2 and type(res[0]) in (list, tuple):
                 emits, discard = res
                 if emits:
                     # No list comprehension: it costs a function frame per key run.
