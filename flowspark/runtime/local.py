@@ -128,7 +128,7 @@ class _InputRt(_Rt):
             if self.part_eof[key]:
                 continue
             awake = self.awake[key]
-            if awake is not None:
+            if awake is not None and not ex.fixed_time:
                 if now is None:
                     now = ex.now()
                 if awake > now:
@@ -350,7 +350,10 @@ def _wants_notify(logic: Any) -> bool:
 
 
 class _StatefulRt(_Rt):
-    def __init__(self, node: ir.StatefulBatch, resume: dict[str, Any], track: bool) -> None:
+    def __init__(
+        self, node: ir.StatefulBatch, resume: dict[str, Any], track: bool, fixed_now: Optional[datetime] = None
+    ) -> None:
+        self.fixed_now = fixed_now
         self.step_id = node.step_id
         self.up = node.up
         self.down = node.down
@@ -420,6 +423,14 @@ class _StatefulRt(_Rt):
         out: list[Any] = []
         logics = self.logics
         touched: dict[str, None] = {}
+        if self.fixed_now is not None:
+            self._step_fixed(ex, items, out, touched)
+            if self.track:
+                self.touched_epoch.update(touched)
+            if out:
+                ex.emit(self.down, out)
+            self.eof = self.eof_done
+            return
         try:
             if items:
                 self._on_items(items, out, touched)
@@ -489,6 +500,77 @@ class _StatefulRt(_Rt):
             if discard:
                 self._discard(key)
 
+    # -- clock="fixed": the per-key timeline of the Spark batch runtime -------------
+    def _step_fixed(self, ex: _Executor, items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
+        # Time is fixed at `fixed_now` for the whole run. For each key: before each value,
+        # every due notification (notify_at() <= now, re-read after each fire; the time
+        # just fired does not fire again at the same point) fires; after the key's last value (at EOF) due
+        # notifications fire, then on_eof. Logics without notify_at get whole runs.
+        try:
+            n = len(items)
+            i = 0
+            while i < n:
+                kv = items[i]
+                if type(kv) is not tuple or len(kv) != 2 or type(kv[0]) is not str:
+                    self._bad_item(kv)
+                key = kv[0]
+                j = i + 1
+                while j < n and type(items[j]) is tuple and len(items[j]) == 2 and items[j][0] == key:
+                    j += 1
+                values = [items[m][1] for m in range(i, j)]
+                i = j
+                touched[key] = None
+                logic = self.logics.get(key)
+                if logic is None:
+                    logic = self.logics[key] = self._build(key, None)
+                if not _wants_notify(logic):
+                    if self._result(key, logic.on_batch(values), "on_batch()/on_item()", out):
+                        self._discard(key)
+                    continue
+                for v in values:
+                    self._fire_due(key, out)
+                    logic = self.logics.get(key)
+                    if logic is None:
+                        logic = self.logics[key] = self._build(key, None)
+                    if self._result(key, logic.on_batch([v]), "on_batch()/on_item()", out):
+                        self._discard(key)
+            if not self.eof_done and ex.is_eof(self.up):
+                self.eof_done = True
+                for key in list(self.logics):
+                    touched[key] = None
+                    self._fire_due(key, out)
+                    logic = self.logics.get(key)
+                    if logic is not None and self._result(key, logic.on_eof(), "on_eof()", out):
+                        self._discard(key)
+        except FlowsparkRuntimeError:
+            raise
+        except Exception as e:
+            raise _fail(self.step_id, e) from e
+
+    def _fire_due(self, key: str, out: list[Any]) -> None:
+        now = self.fixed_now
+        assert now is not None
+        last: Optional[datetime] = None
+        while True:
+            logic = self.logics.get(key)
+            if logic is None or not _wants_notify(logic):
+                return
+            at = logic.notify_at()
+            if at is None:
+                return
+            if not isinstance(at, datetime) or at.tzinfo is None:
+                msg = (
+                    f"step {self.step_id!r}: notify_at() must return an aware datetime "
+                    f"(e.g. datetime.now(timezone.utc)) or None; returned {at!r} for key {key!r}"
+                )
+                raise FlowsparkTypeError(msg)
+            if at > now or at == last:
+                return
+            last = at
+            if self._result(key, logic.on_notify(), "on_notify()", out):
+                self._discard(key)
+                return
+
     def _bad_item(self, kv: Any) -> None:
         if isinstance(kv, tuple) and len(kv) == 2:
             msg = (
@@ -545,11 +627,13 @@ class _Executor:
         epoch_interval: timedelta,
         store: Optional[RecoveryStore],
         clock: Optional[LogicalClock],
+        fixed_time: bool = False,
     ) -> None:
         self.graph = graph
         self.epoch_interval = epoch_interval
         self.store = store
         self.clock = clock
+        self.fixed_time = fixed_time
         self.vals: dict[str, list[Any]] = {}
         self.pending: dict[str, list[Any]] = {}
         self.stream_eof: dict[str, bool] = {}
@@ -592,7 +676,8 @@ class _Executor:
             case ir.Merge():
                 return _MergeRt(node)
             case ir.StatefulBatch():
-                return _StatefulRt(node, resume, self.store is not None)
+                fixed_now = self.clock.now if self.clock is not None and self.fixed_time else None
+                return _StatefulRt(node, resume, self.store is not None, fixed_now)
         msg = f"step {getattr(node, 'step_id', node)!r}: the local runtime has no core step {type(node).__name__}"
         raise FlowsparkCompileError(msg)
 
@@ -676,6 +761,8 @@ class _Executor:
 
     def _idle(self) -> None:
         wake = self.next_wake()
+        if self.fixed_time:
+            return
         if self.clock is not None:
             # Logical time: jump straight to the next due time (nothing else can happen).
             if wake is not None and wake > self.clock.now:
@@ -715,7 +802,14 @@ def run_main(
             `start_time` and, whenever the flow is idle, jumps to the next due
             notification. This is how the Spark batch runtime runs timers, so the
             two can be compared item for item.
-        start_time: Start of the logical clock (default: the Unix epoch, UTC).
+            Or `"fixed"`: time stands still at `start_time` for the whole run, input
+            pauses are skipped, and each key's notifications fire on the timeline of
+            the Spark batch runtime: before each value, every notification due at or
+            before `start_time` fires; after the key's last value due ones fire, then
+            `on_eof` (see docs/spark.md). `flowspark.spark.run(flow, start_time=t)`
+            and `run_main(flow, clock="fixed", start_time=t)` give the same items.
+        start_time: Start of the logical clock (default: the Unix epoch, UTC; for
+            `"fixed"`: the wall-clock time when the run starts).
 
     Raises:
         FlowsparkRuntimeError: A user callable failed; names the step and chains the error.
@@ -738,15 +832,17 @@ def run_main(
     graph = flow.validate()
     if epoch_interval is None:
         epoch_interval = timedelta(seconds=10)
-    if clock not in ("system", "logical"):
-        msg = f"run_main: clock must be 'system' or 'logical'; received {clock!r}"
+    if clock not in ("system", "logical", "fixed"):
+        msg = f"run_main: clock must be 'system', 'logical' or 'fixed'; received {clock!r}"
         raise ValueError(msg)
     store = RecoveryStore(recovery_config) if recovery_config is not None else None
     logical = None
     if clock == "logical":
         logical = LogicalClock(start_time or datetime(1970, 1, 1, tzinfo=timezone.utc))
+    elif clock == "fixed":
+        logical = LogicalClock(start_time or datetime.now(timezone.utc))
     try:
-        ex = _Executor(graph, epoch_interval=epoch_interval, store=store, clock=logical)
+        ex = _Executor(graph, epoch_interval=epoch_interval, store=store, clock=logical, fixed_time=clock == "fixed")
         if logical is not None:
             with use_clock(logical.get):
                 ex.run()
