@@ -361,7 +361,10 @@ class FileSource(FixedPartitionedSource[str, int]):
 
     One partition per file. The resume state is the byte offset after the last
     line read, so a resumed execution (or a continuation after EOF, when lines
-    were appended to the file) reads only lines it has not emitted.
+    were appended to the file) reads only lines it has not emitted. A last line
+    without a newline is emitted as it is; text appended to that same line
+    later is read as a new line by the continuation. `\r\n` endings are
+    stripped like `\n`.
 
     Args:
         path: The file.
