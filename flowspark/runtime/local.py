@@ -572,6 +572,9 @@ class _StatefulRt(_Rt):
                 return
 
     def _bad_item(self, kv: Any) -> None:
+        """Raise for an item that is not `(str, value)`; subclasses (namedtuples, str enums) pass."""
+        if isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str):
+            return
         if isinstance(kv, tuple) and len(kv) == 2:
             msg = (
                 f"step {self.step_id!r}: keys must be str; received key {kv[0]!r} of type "
