@@ -1070,3 +1070,16 @@ def test_join_bad_modes_fail_at_build_time(kw, word):
     a = op.input("a", flow, TestingSource([]))
     with pytest.raises(ValueError, match=rf"step 'f\.j': unknown {word}"):
         op.join("j", a, a, **kw)
+
+
+def test_stateful_step_accepts_tuple_and_str_subclasses():
+    from collections import namedtuple
+
+    pair = namedtuple("pair", "k v")  # noqa: PYI024
+
+    class Key(str):
+        pass
+
+    items = [pair("a", 1), (Key("a"), 2), ("a", 3)]
+    out = run(items, lambda s: op.stateful_map("sm", s, _running))
+    assert [v for _k, v in out] == [1, 3, 6]
