@@ -186,6 +186,8 @@ class _InputRt(_Rt):
 
 
 class _OutputRt(_Rt):
+    copy_input = False
+
     def __init__(self, node: ir.Output, resume: dict[str, Any]) -> None:
         self.step_id = node.step_id
         self.up = node.up
@@ -219,7 +221,7 @@ class _OutputRt(_Rt):
                 if self.fixed:
                     self._write_fixed(items)
                 else:
-                    self.part.write_batch(items)
+                    self.part.write_batch(list(items) if self.copy_input else items)
             except FlowsparkError:
                 raise
             except Exception as e:
@@ -667,13 +669,18 @@ class _Executor:
             case ir.Input():
                 return _InputRt(node, resume)
             case ir.Output():
-                return _OutputRt(node, resume)
+                out_rt = _OutputRt(node, resume)
+                out_rt.copy_input = shared
+                return out_rt
+            # A list read from a stream with several consumers is copied before user code
+            # (mapper, sink) may mutate it, and before a pass-through step (inspect,
+            # redistribute) hands it on to consumers of its own.
             case ir.FlatMapBatch():
                 return _MapRt(node, node.mapper, shared)
             case ir.InspectDebug():
-                return _MapRt(node, self._inspector(node), False)
+                return _MapRt(node, self._inspector(node), shared)
             case ir.Redistribute():
-                return _MapRt(node, _passthrough, False)
+                return _MapRt(node, _passthrough, shared)
             case ir.Branch():
                 return _BranchRt(node)
             case ir.Merge():
