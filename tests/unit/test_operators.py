@@ -277,6 +277,52 @@ def test_flat_map_batch_shared_upstream_is_not_mutated():
     assert b == [1, 2]
 
 
+@pytest.mark.parametrize("through", ["inspect", "inspect_debug", "redistribute"])
+def test_mutating_mapper_behind_pass_through_step_does_not_leak(through):
+    # inspect/redistribute pass their batch on unchanged; a mutating mapper behind them
+    # must not change what a sibling consumer of the same upstream sees.
+    flow = Dataflow("f")
+    s = op.input("inp", flow, TestingSource([1, 2]))
+    if through == "inspect":
+        p = op.inspect("p", s, lambda _sid, _x: None)
+    elif through == "inspect_debug":
+        p = op.inspect_debug("p", s, lambda *_a: None)
+    else:
+        p = op.redistribute("p", s)
+
+    def evil(xs):
+        xs.append(99)
+        return xs
+
+    a: list[int] = []
+    b: list[int] = []
+    op.output("a", op.flat_map_batch("evil", p, evil), TestingSink(a))
+    op.output("b", s, TestingSink(b))
+    run_main(flow)
+    assert a == [1, 2, 99]
+    assert b == [1, 2]
+
+
+def test_mutating_sink_does_not_leak_to_sibling_consumer():
+    from flowspark.outputs import DynamicSink, StatelessSinkPartition
+
+    class Clearing(StatelessSinkPartition):
+        def write_batch(self, items):
+            items.clear()
+
+    class Sink(DynamicSink):
+        def build(self, step_id, worker_index, worker_count):
+            return Clearing()
+
+    flow = Dataflow("f")
+    s = op.input("inp", flow, TestingSource([1, 2]))
+    op.output("clear", s, Sink())
+    b: list[int] = []
+    op.output("b", op.map("same", s, lambda x: x), TestingSink(b))
+    run_main(flow)
+    assert b == [1, 2]
+
+
 def test_flatten():
     assert run([[1, 2], [], (3,)], lambda s: op.flatten("fl", s)) == [1, 2, 3]
 
