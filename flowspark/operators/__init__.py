@@ -1078,7 +1078,16 @@ class _StatefulLogic(StatefulBatchLogic[V, W, S]):
                 )
                 raise FlowsparkTypeError(msg)
             ws, discard = res
-            emits.extend(ws)
+            try:
+                emits.extend(ws)
+            except TypeError:
+                if isinstance(ws, Iterable):
+                    raise
+                msg = (
+                    f"step {self.step_id!r}: on_item() must return (emits, discard) with an iterable "
+                    f"of emits such as `([x], StatefulLogic.RETAIN)`; returned {res!r}"
+                )
+                raise FlowsparkTypeError(msg) from None
             if discard:
                 logic = None
         self.logic = logic
@@ -1187,7 +1196,12 @@ class _StatefulFlatMapLogic(StatefulBatchLogic[V, W, S]):
                 state, ws = res
             except (TypeError, ValueError):
                 raise _bad_mapper_return(self.step_id, "(updated_state, iterable_of_emits)", res) from None
-            emits.extend(ws)
+            try:
+                emits.extend(ws)
+            except TypeError:
+                if isinstance(ws, Iterable):
+                    raise
+                raise _bad_mapper_return(self.step_id, "(updated_state, iterable_of_emits)", res) from None
         self.state = state
         return (emits, state is None)
 
