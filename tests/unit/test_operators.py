@@ -550,6 +550,22 @@ def test_stateful_flat_map_bad_return_shape_names_step():
     assert "step 'f.sfm': mapper must return a 2-tuple" in str(err)
 
 
+def test_stateful_flat_map_non_iterable_emits_names_step():
+    err = run_fails([("a", 1)], lambda s: op.stateful_flat_map("sfm", s, lambda st, v: (st, v)))
+    assert "step 'f.sfm': mapper must return a 2-tuple (updated_state, iterable_of_emits); returned (None, 1)" in str(
+        err
+    )
+
+
+def test_on_item_non_iterable_emits_names_step():
+    class NotIterable(_BadItem):
+        def on_item(self, value):
+            return value, self.RETAIN
+
+    err = run_fails([("a", 1)], lambda s: op.stateful("st", s, NotIterable))
+    assert "step 'f.st': on_item() must return (emits, discard) with an iterable of emits" in str(err)
+
+
 class _BadItem(op.StatefulLogic):
     def __init__(self, _resume):
         pass
