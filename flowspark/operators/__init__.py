@@ -973,17 +973,19 @@ def enrich_cached(
     """
     _check_callable(step_id, "getter", getter)
     _check_callable(step_id, "mapper", mapper)
-    now: Optional[datetime] = None
+    # A shared list, not a `nonlocal`: cloudpickle (Spark) does not keep two closures'
+    # cells shared, while a list both reference stays one object.
+    now: list[Optional[datetime]] = [None]
 
     def batch_now() -> datetime:
-        assert now is not None
-        return now
+        t = now[0]
+        assert t is not None
+        return t
 
     cache: TTLCache[DK, DV] = TTLCache(getter, batch_now, ttl)
 
     def shim_mapper(xs: list[X]) -> list[Y]:
-        nonlocal now
-        now = _now_getter()
+        now[0] = _now_getter()
         return [mapper(cache, x) for x in xs]
 
     return flat_map_batch("flat_map_batch", up, shim_mapper)
