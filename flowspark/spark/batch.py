@@ -248,9 +248,7 @@ class _Job:
             df = df.union(other)
         table = _action(df.toArrow)
         if table.num_rows:
-            order = pc.sort_indices(
-                table, sort_keys=[("seq", "ascending"), ("st", "ascending"), ("p", "ascending")]
-            )
+            order = pc.sort_indices(table, sort_keys=[("seq", "ascending"), ("st", "ascending"), ("p", "ascending")])
             table = table.take(order)
         sts = table.column("st").to_pylist() if table.num_rows else []
         ps = table.column("p").to_pylist() if table.num_rows else []
@@ -460,4 +458,3 @@ def run(
         job.run_sinks()
     finally:
         job.close()
-

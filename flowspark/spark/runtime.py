@@ -20,7 +20,7 @@ The per-key driver (`drive_key`) runs a chain of stateful steps over one key's
 values, given in sequence order. Time is a fixed logical `now` for the whole
 call (see `docs/spark.md`): before each value, every notification that is due
 (`notify_at() <= now`) fires (re-reading `notify_at()` after each fire; a time
-equal to the one just fired does not fire again); at the end of the key's
+equal to the one just fired does not fire again at the same point); at the end of the key's
 values due notifications fire, then `on_eof` (when `eof=True`).
 """
 
@@ -321,9 +321,9 @@ def _run_step(
     last_fired: Optional[datetime] = None
     for seq, v in items:
         n = 0
+        last_fired = None
         if logic is None:
             logic = _build(step, key, None)
-            last_fired = None
         while logic is not None:
             at = _due(sid, key, logic, now, last_fired)
             if at is None:
@@ -337,7 +337,6 @@ def _run_step(
                 logic = None
         if logic is None:
             logic = _build(step, key, None)
-            last_fired = None
         ws, discard = _emits(sid, key, logic.on_batch([v]), "on_batch()/on_item()")
         for w in ws:
             out.append((seq + idx(n), w))
@@ -347,6 +346,7 @@ def _run_step(
     if eof and logic is not None:
         last_seq = items[-1][0] if items else b""
         n = EOF_BASE
+        last_fired = None
         while logic is not None:
             at = _due(sid, key, logic, now, last_fired)
             if at is None:
@@ -664,9 +664,7 @@ def stage_function(
             partition_id = ctx.partitionId() if ctx is not None else 0
         except Exception:  # noqa: BLE001
             partition_id = 0
-        schema = pa.schema(
-            [("p", pa.int32()), ("k", pa.string()), ("seq", pa.binary()), ("v", pa.binary())]
-        )
+        schema = pa.schema([("p", pa.int32()), ("k", pa.string()), ("seq", pa.binary()), ("v", pa.binary())])
 
         def mk(cols: tuple[list[int], list[Optional[str]], list[bytes], list[bytes]]) -> Any:
             return pa.RecordBatch.from_arrays(

@@ -36,6 +36,11 @@ def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None)
         return active
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        # Workers of a local session import the user's modules like the driver does.
+        path = [p for p in sys.path if p and os.path.isdir(p)]
+        old = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*(old.split(os.pathsep) if old else []), *path]))
     builder = SparkSession.builder.master(master).appName("flowspark")
     for k, v in {**DEFAULT_CONF, **(conf or {})}.items():
         builder = builder.config(k, v)
