@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from types import ModuleType
 from typing import Any, Callable
 
@@ -323,6 +323,68 @@ def test_recovery_continuation_same_as_bytewax(tmp_path_factory, segments, flow_
     want = run_executions(BYTEWAX, segments, flow_spec, batch_size, tmp_path_factory.mktemp("bw"))
     got = run_executions(FLOWSPARK, segments, flow_spec, batch_size, tmp_path_factory.mktemp("fs"))
     assert got == want, flow_spec
+
+
+# ---------------------------------------------------------------------------
+# Notifications on system time while the input is paused
+# ---------------------------------------------------------------------------
+
+
+def _notify_logic(api: Api) -> type:
+    class Logic(api.op.StatefulLogic):  # type: ignore[name-defined,misc]
+        def __init__(self, resume: Any) -> None:
+            self.n = resume or 0
+            self.at: Any = None
+
+        def on_item(self, value: Any) -> Any:
+            self.n += 1
+            if value == "arm":
+                self.at = datetime.now(timezone.utc) + timedelta(milliseconds=10)
+            if value == "discard":
+                return [("discard", self.n)], self.DISCARD
+            return [("item", value, self.n)], self.RETAIN
+
+        def on_notify(self) -> Any:
+            # Re-arms twice, then the spent notification stays spent.
+            self.at = None if self.n >= 3 else datetime.now(timezone.utc) + timedelta(milliseconds=10)
+            self.n += 1
+            return [("notify", self.n)], self.RETAIN
+
+        def on_eof(self) -> Any:
+            return [("eof", self.n)], self.RETAIN
+
+        def notify_at(self) -> Any:
+            return self.at
+
+        def snapshot(self) -> Any:
+            return self.n
+
+    return Logic
+
+
+def run_notify_flow(api: Api) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    def pause(seconds: float) -> Any:
+        return api.TestingSource.PAUSE(timedelta(seconds=seconds))
+
+    items = [("a", "arm"), ("b", 1), ("b", "arm"), pause(0.2), ("a", "x"), ("c", "arm"), ("c", "discard")]
+    items += [pause(0.1), ("c", "y")]
+    flow = api.Dataflow("notify")
+    s = api.op.input("inp", flow, api.TestingSource(items))
+    logic_out: list[Any] = []
+    api.op.output("logic_out", api.op.stateful("logic", s, _notify_logic(api)), api.TestingSink(logic_out))
+    collect_out: list[Any] = []
+    api.op.output("collect_out", api.op.collect("col", s, timedelta(milliseconds=20), 10), api.TestingSink(collect_out))
+    api.run_main(flow)
+    return per_key(logic_out), per_key(collect_out)
+
+
+def test_notifications_while_paused_same_as_bytewax():
+    want = run_notify_flow(BYTEWAX)
+    got = run_notify_flow(FLOWSPARK)
+    assert got == want
+    notifies = [("notify", 2), ("notify", 3), ("notify", 4)]
+    assert got[0]["a"] == [("item", "arm", 1), *notifies, ("item", "x", 5), ("eof", 5)]
+    assert got[1] == {"a": [["arm"], ["x"]], "b": [[1, "arm"]], "c": [["arm", "discard"], ["y"]]}
 
 
 # ---------------------------------------------------------------------------
