@@ -842,6 +842,18 @@ def run_main(
     graph = flow.validate()
     if epoch_interval is None:
         epoch_interval = timedelta(seconds=10)
+    if not isinstance(epoch_interval, timedelta):
+        msg = f"run_main: epoch_interval must be a timedelta (e.g. timedelta(seconds=10)); received {epoch_interval!r}"
+        raise FlowsparkTypeError(msg)
+    if epoch_interval < timedelta(0):
+        msg = f"run_main: epoch_interval must not be negative; received {epoch_interval!r}"
+        raise ValueError(msg)
+    if recovery_config is not None and not isinstance(recovery_config, RecoveryConfig):
+        msg = (
+            f"run_main: recovery_config must be a flowspark.recovery.RecoveryConfig; received "
+            f"{recovery_config!r} of type {type(recovery_config).__name__}"
+        )
+        raise FlowsparkTypeError(msg)
     if clock not in ("system", "logical", "fixed"):
         msg = f"run_main: clock must be 'system', 'logical' or 'fixed'; received {clock!r}"
         raise ValueError(msg)
