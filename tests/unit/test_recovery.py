@@ -311,3 +311,18 @@ def test_backup_interval_is_accepted(db):
     op.output("out", op.input("inp", flow, TestingSource([1])), TestingSink(out))
     run_main(flow, recovery_config=RecoveryConfig(db, backup_interval=timedelta(minutes=5)))
     assert out == [1]
+
+
+@pytest.mark.parametrize(
+    ("kw", "err", "word"),
+    [
+        ({"epoch_interval": 5}, TypeError, "epoch_interval must be a timedelta"),
+        ({"epoch_interval": timedelta(seconds=-1)}, ValueError, "must not be negative"),
+        ({"recovery_config": "db"}, TypeError, "recovery_config must be a flowspark.recovery.RecoveryConfig"),
+    ],
+)
+def test_run_main_rejects_bad_options(kw, err, word):
+    flow = Dataflow("rec")
+    op.output("out", op.input("inp", flow, TestingSource([1])), TestingSink([]))
+    with pytest.raises(err, match=word):
+        run_main(flow, **kw)
