@@ -1073,13 +1073,14 @@ class _StatefulLogic(StatefulBatchLogic[V, W, S]):
             if logic is None:
                 logic = _check_logic(self.step_id, self.builder(None))
             res = logic.on_item(v)
-            if type(res) is not tuple or len(res) != 2:
+            try:
+                ws, discard = res
+            except (TypeError, ValueError):
                 msg = (
                     f"step {self.step_id!r}: on_item() must return a 2-tuple (emits, discard) such as "
                     f"`([x], StatefulLogic.RETAIN)`; returned {res!r} of type {type(res).__name__}"
                 )
-                raise FlowsparkTypeError(msg)
-            ws, discard = res
+                raise FlowsparkTypeError(msg) from None
             try:
                 emits.extend(ws)
             except TypeError:
@@ -1231,7 +1232,11 @@ class _StatefulMapLogic(StatefulBatchLogic[V, W, S]):
             if type(res) is tuple and len(res) == 2:
                 state, w = res
             else:
-                raise _bad_mapper_return(self.step_id, "(updated_state, emit)", res)
+                # Any 2-item iterable unpacks (as in Bytewax), e.g. `[state, emit]`.
+                try:
+                    state, w = res
+                except (TypeError, ValueError):
+                    raise _bad_mapper_return(self.step_id, "(updated_state, emit)", res) from None
             append(w)
         self.state = state
         return (emits, state is None)
