@@ -545,6 +545,20 @@ def test_stateful_map_bad_return_shape_names_step():
     assert "step 'f.sm': mapper must return a 2-tuple (updated_state, emit); returned 1 of type int" in str(err)
 
 
+def test_stateful_map_accepts_any_two_item_iterable():
+    # Bytewax unpacks `state, emit = mapper(...)`, so a list works too.
+    out = run([("a", 1), ("a", 2)], lambda s: op.stateful_map("sm", s, lambda st, v: [(st or 0) + v, v * 10]))
+    assert out == [("a", 10), ("a", 20)]
+
+
+def test_on_item_may_return_a_list():
+    class ListReturn(_BadItem):
+        def on_item(self, value):
+            return [[value], self.RETAIN]
+
+    assert run([("a", 1)], lambda s: op.stateful("st", s, ListReturn)) == [("a", 1)]
+
+
 def test_stateful_flat_map_bad_return_shape_names_step():
     err = run_fails([("a", 1)], lambda s: op.stateful_flat_map("sfm", s, lambda st, v: [v]))
     assert "step 'f.sfm': mapper must return a 2-tuple" in str(err)
