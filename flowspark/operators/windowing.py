@@ -366,18 +366,18 @@ def _identity_time(t: datetime) -> Optional[datetime]:
 _coarse: list[Any] = [-(10**18), UTC_MIN]  # [monotonic ns, utc time read then]
 
 
-def _coarse_utc_now() -> datetime:
+def _coarse_utc_now(_t: Any = _time, _mono: Callable[[], int] = time.monotonic_ns, _c: list[Any] = _coarse) -> datetime:
     # `utc_now`, reading the real clock at most once per millisecond (datetime.now
     # costs about a microsecond, more than the rest of a value's processing).
-    getter = _time._getter
+    getter = _t._getter
     if getter is not None:
         return getter()
-    mono = time.monotonic_ns()
-    if mono - _coarse[0] < 1_000_000:
-        return _coarse[1]
+    mono = _mono()
+    if mono - _c[0] < 1_000_000:
+        return _c[1]
     now = datetime.now(timezone.utc)
-    _coarse[0] = mono
-    _coarse[1] = now
+    _c[0] = mono
+    _c[1] = now
     return now
 
 
@@ -1205,24 +1205,28 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
         due.sort(key=_ts_key)
         self.queue = rest
         self.qmin = min((ts for _v, ts in rest), default=UTC_MAX)
-        apply = self._apply
+        accs, folder, apply = self.accs, self.folder, self._apply
         for value, ts in due:
-            apply(value, ts)
+            if self.tumbling and self.cur_open <= ts < self.cur_close:
+                wid = self.cur_wid
+                accs[wid] = folder(accs[wid], value)
+            else:
+                apply(value, ts)
 
     def _close(self, wm: datetime, events: list[Any]) -> None:
+        # Close windows oldest first while their close time has passed; few are open.
         accs = self.accs
         align, offset, length = self.align, self.offset, self.length
-        if wm >= UTC_MAX:
-            closed = sorted(accs)
-        else:
-            last = (wm - align - length) // offset
-            closed = sorted(i for i in accs if i <= last)
-        for wid in closed:
-            acc = accs.pop(wid)
+        self.lo_close = UTC_MAX
+        while accs:
+            wid = min(accs)
             open_time = align + offset * wid
-            events.append((_E, wid, acc))
-            events.append((_M, wid, WindowMetadata(open_time, open_time + length)))
-        self._set_lo()
+            close = open_time + length
+            if close > wm:
+                self.lo_close = close
+                break
+            events.append((_E, wid, accs.pop(wid)))
+            events.append((_M, wid, WindowMetadata(open_time, close)))
         self.cur_open = self.cur_close = UTC_MAX
 
     def _finish(self, wm: datetime, events: list[Any]) -> tuple[list[Any], bool]:
@@ -1234,48 +1238,81 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
 
     @override
     def on_batch(self, values: list[V]) -> tuple[list[Any], bool]:
+        # The hot loop: the same steps as `_WindowLogic` with `_FoldWindowLogic`, inlined.
         now = self.now_getter()
         if now > self.now:
             self.now = now
         else:
             now = self.now
-        base = self.base
-        try:
-            wm = base + (now - self.sys_max)
-        except OverflowError:
-            wm = UTC_MAX
-        if self.qmin <= wm:  # system time alone moved the watermark past queued values
-            self._flush_due(wm)
+        sys_max = self.sys_max
+        if now is sys_max:
+            wm = self.base
+        else:
+            try:
+                wm = self.base + (now - sys_max)
+            except OverflowError:
+                wm = UTC_MAX
+            if self.qmin <= wm:  # system time alone moved the watermark past queued values
+                self._flush_due(wm)
         events: list[Any] = []
         ts_getter = self.ts_getter
         wait = self.wait
+        waits = wait > ZERO_TD
         ordered = self.ordered
+        tumbling = self.tumbling
+        accs = self.accs
+        folder = self.folder
+        advanced = False
         for value in values:
             ts = ts_getter(value)
             try:
                 cand = ts - wait
                 if cand > wm:
-                    wm = self.base = cand
-                    self.sys_max = now
+                    # The newest value so far: it moves the watermark to `ts - wait`, so it
+                    # is on time, and due at once only if there is no wait.
+                    wm = cand
+                    advanced = True
                     if self.qmin <= wm:
-                        self._flush_due(wm)
-                late = ts < wm
+                        queue = self.queue
+                        if len(queue) == 1:  # the common case: the previous value became due
+                            v0, t0 = queue[0]
+                            queue.clear()
+                            self.qmin = UTC_MAX
+                            if tumbling and self.cur_open <= t0 < self.cur_close:
+                                wid = self.cur_wid
+                                accs[wid] = folder(accs[wid], v0)
+                            else:
+                                self._apply(v0, t0)
+                        else:
+                            self._flush_due(wm)
+                    late = False
+                    hold = ordered and waits
+                else:
+                    late = ts < wm
+                    hold = ordered and ts > wm
             except OverflowError:
                 late = ts < wm
+                hold = ordered and ts > wm
             except TypeError:
                 raise _bad_timestamp(self.step_id, ts, value) from None
             if late:
                 for wid in self._ids(ts):
                     events.append((_L, wid, value))
-            elif ordered and ts > wm:
+            elif hold:
                 self.queue.append((value, ts))
                 if ts < self.qmin:
                     self.qmin = ts
+            elif tumbling and self.cur_open <= ts < self.cur_close:
+                wid = self.cur_wid
+                accs[wid] = folder(accs[wid], value)
             else:
                 self._apply(value, ts)
+        if advanced:
+            self.base = wm
+            self.sys_max = now
         if wm >= self.lo_close:
             self._close(wm, events)
-        return (events, not self.accs and not self.queue)
+        return (events, not accs and not self.queue)
 
     @override
     def on_notify(self) -> tuple[list[Any], bool]:
@@ -1290,18 +1327,32 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
 
     @override
     def notify_at(self) -> Optional[datetime]:
-        t = self.lo_close if self.accs else None
-        if self.ordered and self.queue and (t is None or self.qmin < t):
-            t = self.qmin
-        if t is None:
+        # Wake when the watermark reaches the first close: of an open window, or of the
+        # first window a queued value will open. Queued values need no wake-up of their
+        # own: folding them emits nothing, and `_finish` applies them before closing.
+        # (The generic driver wakes for them; the emitted results and their timing are
+        # the same, and the wake-up time changes only when windows open and close.)
+        t = self.lo_close if self.accs else UTC_MAX
+        if self.queue:
+            q = self.qmin
+            if self.cur_open <= q < self.cur_close:
+                qclose = self.cur_close
+            else:
+                d = q - self.align
+                first = (d - self.length) // self.offset + 1
+                qclose = self.align + self.offset * first + self.length
+            if qclose < t:
+                t = qclose
+        if t == UTC_MAX:
             return None
         if self.to_system is not None:
             return _event_system_time(self.to_system, self.sys_max, self.base, t)
+        if self.base >= self.sys_max:  # then sys_max + (t - base) <= t
+            return t
         try:
-            exact = self.sys_max + (t - self.base)
+            return self.sys_max + (t - self.base)
         except OverflowError:
             return None
-        return exact if exact > t else t
 
     @override
     def snapshot(self) -> tuple[Any, ...]:

@@ -481,10 +481,13 @@ def test_notify_at_is_when_the_watermark_reaches_the_close(windower):
     emits, discard = logic.on_batch([(at(10), "x")])
     assert emits == []
     assert discard is False
-    # Ordered: the value waits until the watermark (5 at system 1000) reaches 10.
-    assert logic.notify_at() == at(1005)
-    now.now = at(1005)
-    assert logic.on_notify() == ([], False)
+    if isinstance(windower, win.SessionWindower):
+        # Generic driver, ordered: it wakes when the watermark (5 at system 1000)
+        # reaches the queued value (10) to apply it. (The fast fold path used for
+        # tumbling windows skips this wake-up: applying a value emits nothing.)
+        assert logic.notify_at() == at(1005)
+        now.now = at(1005)
+        assert logic.on_notify() == ([], False)
     close = at(60) if isinstance(windower, win.TumblingWindower) else at(40) + timedelta(microseconds=1)
     wake = logic.notify_at()
     assert wake == at(1000) + (close - at(5))

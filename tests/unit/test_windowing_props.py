@@ -226,6 +226,10 @@ def test_fast_and_generic_paths_agree_step_by_step(items, wait, windower, ordere
         if fd:  # what the runtime does with a discarded logic
             del logics[key]
         else:
-            assert pair[0].notify_at() == pair[1].notify_at()
+            # The fast path does not wake for queued values (folding them emits
+            # nothing), only for window closes: never earlier than the generic driver.
+            fast_at, generic_at = pair[0].notify_at(), pair[1].notify_at()
+            assert (fast_at is None) == (generic_at is None)
+            assert fast_at is None or fast_at >= generic_at
     for fast, generic in logics.values():
         assert fast.on_eof() == generic.on_eof()
