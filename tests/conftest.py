@@ -21,7 +21,7 @@ def spark():
     dirs = [os.path.join(here, d) for d in sorted(os.listdir(here)) if os.path.isdir(os.path.join(here, d))]
     path = [p for p in [here, *dirs, *sys.path] if p and os.path.isdir(p)]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession  # noqa: TID251
 
     session = (
         SparkSession.builder.master("local[2]")

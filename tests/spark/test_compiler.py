@@ -126,7 +126,7 @@ def test_bad_spark_source_and_sink_arguments():
 
 def test_compiler_module_needs_no_session():
     # Compiling never touches a SparkSession: the plan is data.
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession  # noqa: TID251
 
     before = SparkSession.getActiveSession()
     compile_flow(keyed_flow())
