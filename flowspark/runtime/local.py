@@ -649,7 +649,7 @@ class _Executor:
         # time through the graph, so `join` of two `TestingSource`s pairs a0/b0, a1/b1...
         # Do the same when the graph has a merge; otherwise gather up to _BATCH_TARGET
         # items per pass (fewer, larger passes; same results).
-        self.one_batch_per_pass = any(isinstance(n, ir.Merge) for n in graph.nodes)
+        self.one_batch_per_pass = any(isinstance(n, ir.Merge) and len(n.ups) > 1 for n in graph.nodes)
         resume: dict[str, dict[str, Any]] = {}
         if store is not None:
             resume = store.load()
