@@ -1159,3 +1159,25 @@ def test_stateful_step_accepts_tuple_and_str_subclasses():
     items = [pair("a", 1), (Key("a"), 2), ("a", 3)]
     out = run(items, lambda s: op.stateful_map("sm", s, _running))
     assert [v for _k, v in out] == [1, 3, 6]
+
+
+def test_join_of_two_sources_sees_items_batch_by_batch():
+    # As in Bytewax, each source batch goes through the flow before the next one, so the
+    # classic "join two TestingSources" pairs items in order.
+    flow = Dataflow("f")
+    a = op.input("a", flow, TestingSource([("k", f"a{i}") for i in range(3)]))
+    b = op.input("b", flow, TestingSource([("k", f"b{i}") for i in range(3)]))
+    out: list[Any] = []
+    op.output("out", op.join("j", a, b), TestingSink(out))
+    run_main(flow)
+    assert out == [("k", ("a0", "b0")), ("k", ("a1", "b1")), ("k", ("a2", "b2"))]
+
+
+def test_merge_of_two_sources_interleaves_source_batches():
+    flow = Dataflow("f")
+    a = op.input("a", flow, TestingSource(["a0", "a1", "a2", "a3"], batch_size=2))
+    b = op.input("b", flow, TestingSource(["b0", "b1"]))
+    out: list[str] = []
+    op.output("out", op.merge("m", a, b), TestingSink(out))
+    run_main(flow)
+    assert out == ["a0", "a1", "b0", "a2", "a3", "b1"]
