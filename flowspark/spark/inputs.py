@@ -17,6 +17,8 @@ from flowspark.inputs import Source
 __all__ = ["SparkSource"]
 
 _FORMATS = ("parquet", "json", "csv", "orc", "text", "table", "dataframe")
+#: Formats that only exist as streams (`streaming=True`).
+_STREAM_ONLY = ("rate", "socket")
 
 
 class SparkSource(Source[dict[str, Any]]):
@@ -34,6 +36,10 @@ class SparkSource(Source[dict[str, Any]]):
         schema: A `pyspark.sql.types.StructType` or a DDL string (`"a INT, b STRING"`);
             default: Spark's inference.
         options: Reader options (e.g. `{"header": "true"}` for csv).
+        streaming: Read with `spark.readStream`: an unbounded source (new files in the
+            directory are picked up as they appear; also `"rate"` and `"socket"`); the
+            flow then runs as a Structured Streaming query (see docs/streaming.md).
+            File formats need `schema` when streaming.
 
     Example:
         >>> src = SparkSource("parquet", "/data/events")
@@ -47,9 +53,12 @@ class SparkSource(Source[dict[str, Any]]):
         path: Optional[str] = None,
         schema: Any = None,
         options: Optional[dict[str, Any]] = None,
+        streaming: bool = False,
     ) -> None:
         """Describe what to read."""
-        if format not in _FORMATS:
+        if streaming and format in _STREAM_ONLY:
+            path = path if path is not None else ""
+        elif format not in _FORMATS:
             msg = f"SparkSource: format must be one of {', '.join(_FORMATS)}; received {format!r}"
             raise FlowsparkTypeError(msg)
         if format != "dataframe" and not isinstance(path, str):
@@ -59,7 +68,17 @@ class SparkSource(Source[dict[str, Any]]):
         self.path = path
         self.schema = schema
         self.options = dict(options or {})
+        self.streaming = bool(streaming)
         self._df: Any = None
+        if self.streaming and format in ("table", "dataframe"):
+            msg = f"SparkSource({format!r}, streaming=True): stream a file format, 'rate' or 'socket' instead"
+            raise FlowsparkTypeError(msg)
+        if self.streaming and format not in _STREAM_ONLY and schema is None:
+            msg = (
+                f"SparkSource({format!r}, {path!r}, streaming=True) needs a schema (Spark does not infer "
+                "schemas of streamed files); pass schema='a STRING, b LONG' or a StructType"
+            )
+            raise FlowsparkTypeError(msg)
 
     @classmethod
     def from_dataframe(cls, df: Any) -> SparkSource:
@@ -77,7 +96,7 @@ class SparkSource(Source[dict[str, Any]]):
 
     @override
     def is_bounded(self) -> bool:
-        return True
+        return not self.streaming
 
     def load(self, spark: Any) -> Any:
         """Build the DataFrame on `spark`.
@@ -92,12 +111,12 @@ class SparkSource(Source[dict[str, Any]]):
             return self._df
         if self.format == "table":
             return spark.table(self.path)
-        reader = spark.read.format(self.format)
+        reader = (spark.readStream if self.streaming else spark.read).format(self.format)
         if self.schema is not None:
             reader = reader.schema(self.schema)
         if self.options:
             reader = reader.options(**self.options)
-        return reader.load(self.path)
+        return reader.load(self.path) if self.path else reader.load()
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle without the DataFrame (it never leaves the driver)."""
