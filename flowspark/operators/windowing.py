@@ -801,9 +801,9 @@ class _WindowLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, Any, d
         step_id: str,
         clock: ClockLogic[V, Any],
         windower: WindowerLogic[Any],
-        builder: Callable[[Optional[S]], WindowLogic[V, W, S]],
+        builder: Callable[[Optional[Any]], WindowLogic[V, Any, Any]],
         ordered: bool,
-        logics: dict[int, WindowLogic[V, W, S]],
+        logics: dict[int, WindowLogic[V, Any, Any]],
         queue: list[tuple[V, datetime]],
     ) -> None:
         self.step_id = step_id
@@ -821,7 +821,7 @@ class _WindowLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, Any, d
         self.last_wm = wm
         return wm
 
-    def _new(self, wid: int) -> WindowLogic[V, W, S]:
+    def _new(self, wid: int) -> WindowLogic[V, Any, Any]:
         logic = self.builder(None)
         if not isinstance(logic, WindowLogic):
             msg = f"step {self.step_id!r}: the window builder must return a WindowLogic; returned {logic!r}"
@@ -1026,7 +1026,7 @@ def _window_events(
     builder: Callable[[Optional[S]], WindowLogic[V, W, S]],
     ordered: bool,
 ) -> KeyedStream[Any]:
-    def shim_builder(resume: Optional[tuple[Any, Any, dict[int, Any], list[Any]]]) -> _WindowLogic[V, W, S]:
+    def shim_builder(resume: Optional[tuple[Any, Any, dict[int, Any], list[Any]]]) -> _WindowLogic[V]:
         if resume is None:
             return _WindowLogic(step_id, clock.build(None), windower.build(None), builder, ordered, {}, [])
         clock_state, windower_state, logic_states, queue = resume
@@ -1528,7 +1528,8 @@ def collect_window(
     else:
         msg = f"step {step_id!r}: collect_window into must be list, set or dict; received {into!r}"
         raise FlowsparkTypeError(msg)
-    return _split(_fold_events(step_id, up, clock, windower, builder, folder, merger, ordered))
+    fold_events: Callable[..., KeyedStream[Any]] = _fold_events
+    return _split(fold_events(step_id, up, clock, windower, builder, folder, merger, ordered))
 
 
 def _count_folder(n: int, _v: Any) -> int:
