@@ -118,10 +118,13 @@ class _InputRt(_Rt):
         for key, _ in self.parts:
             self.part_eof[key] = False
         self.awake: dict[str, Optional[datetime]] = {k: None for k, _ in self.parts}
+        self.aborting = False
         if not self.parts:
             self.eof = True
 
     def step(self, ex: _Executor) -> None:
+        if self.aborting:
+            raise _Abort()
         out: list[Any] = []
         now: Optional[datetime] = None
         for key, part in self.parts:
@@ -155,8 +158,12 @@ class _InputRt(_Rt):
                 if self.stateful and ex.store is not None:
                     self.final_snaps[key] = part.snapshot()
             except AbortExecution:
-                ex.pending.setdefault(self.down, []).extend(out)
-                raise _Abort() from None
+                if not out:
+                    raise _Abort() from None
+                # Items read before the abort in this pass still go through the flow (as
+                # in Bytewax, where they left in an earlier batch); abort at the next pass.
+                self.aborting = True
+                break
             except FlowsparkError:
                 raise
             except Exception as e:
