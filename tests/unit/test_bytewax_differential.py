@@ -325,6 +325,38 @@ def test_recovery_continuation_same_as_bytewax(tmp_path_factory, segments, flow_
     assert got == want, flow_spec
 
 
+def run_abort_executions(
+    api: Api, before: list[Any], after: list[Any], terminal: tuple, batch_size: int, epoch: timedelta, db: Any
+) -> list[Any]:
+    """Run to the ABORT, then resume once."""
+    rec = _recovery_module(api)
+    rec.init_db_dir(db, 2)
+    items = [*before, api.TestingSource.ABORT(), *after]
+    outs = []
+    for _ in range(2):
+        flow = api.Dataflow("abort")
+        s = api.op.input("inp", flow, api.TestingSource(items, batch_size))
+        out: list[Any] = []
+        api.op.output("out", _terminal(api, s, terminal), api.TestingSink(out))
+        api.run_main(flow, epoch_interval=epoch, recovery_config=rec.RecoveryConfig(db))
+        outs.append(per_key(out))
+    return outs
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    before=ITEMS.map(lambda xs: xs[:10]),
+    after=ITEMS.map(lambda xs: xs[:10]),
+    terminal=TERMINAL,
+    batch_size=st.sampled_from([1, 7]),
+    epoch=st.sampled_from([timedelta(0), timedelta(seconds=10)]),
+)
+def test_abort_and_resume_same_as_bytewax(tmp_path_factory, before, after, terminal, batch_size, epoch):
+    want = run_abort_executions(BYTEWAX, before, after, terminal, batch_size, epoch, tmp_path_factory.mktemp("bw"))
+    got = run_abort_executions(FLOWSPARK, before, after, terminal, batch_size, epoch, tmp_path_factory.mktemp("fs"))
+    assert got == want, (terminal, batch_size, epoch)
+
+
 # ---------------------------------------------------------------------------
 # Notifications on system time while the input is paused
 # ---------------------------------------------------------------------------

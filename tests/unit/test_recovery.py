@@ -117,6 +117,25 @@ def test_abort_returns_normally_and_resumes_from_last_snapshot(db):
     assert run() == [("a", 2), ("b", 2)]  # state from the last epoch; the ABORT fires once
 
 
+@pytest.mark.parametrize("batch_size", [1, 3, 7])
+def test_items_read_before_abort_are_processed(db, batch_size):
+    # Items in the same source batch as (before) the ABORT still flow through the dataflow.
+    items = [("a", 0), ("b", 0), ("a", 0), ABORT(), ("a", 0)]
+
+    def build(s):
+        return op.stateful_map("count", s, _count)
+
+    flow_out = []
+    for _ in range(2):
+        flow = Dataflow("rec")
+        out: list[Any] = []
+        s = op.input("inp", flow, TestingSource(items, batch_size))
+        op.output("out", build(s), TestingSink(out))
+        run_main(flow, epoch_interval=EVERY_PASS, recovery_config=RecoveryConfig(db))
+        flow_out.append(out)
+    assert flow_out == [[("a", 1), ("b", 1), ("a", 2)], [("a", 3)]]
+
+
 def test_abort_replays_input_since_last_snapshot(db):
     # With a long epoch no snapshot was written before the abort: everything is replayed
     # (at-least-once output), and the state is rebuilt from the replay, not doubled.
