@@ -168,9 +168,25 @@ def _post(api: Api, s: Any, spec: tuple) -> Any:
     raise AssertionError(spec)
 
 
-def run_flow(api: Api, items: list[tuple[str, int]], flow_spec: dict, batch_size: int) -> list[Any]:
+def with_pauses(api: Api, items: list[Any], pause_after: frozenset[int]) -> list[Any]:
+    """Insert a zero-length PAUSE (it ends the source batch) after the given positions."""
+    out: list[Any] = []
+    for i, item in enumerate(items):
+        out.append(item)
+        if i in pause_after:
+            out.append(api.TestingSource.PAUSE(timedelta(0)))
+    return out
+
+
+def run_flow(
+    api: Api,
+    items: list[tuple[str, int]],
+    flow_spec: dict,
+    batch_size: int,
+    pause_after: frozenset[int] = frozenset(),
+) -> list[Any]:
     flow = api.Dataflow("diff")
-    s = api.op.input("inp", flow, api.TestingSource(list(items), batch_size))
+    s = api.op.input("inp", flow, api.TestingSource(with_pauses(api, items, pause_after), batch_size))
     for i, p in enumerate(flow_spec["pre"]):
         s = _pre(api, i, s, p)
     s = _terminal(api, s, flow_spec["terminal"])
@@ -223,18 +239,20 @@ def per_key(out: list[Any]) -> dict[str, list[Any]]:
     return res
 
 
-def assert_same(items: list[Any], flow_spec: dict, batch_size: int) -> None:
-    want = run_flow(BYTEWAX, items, flow_spec, batch_size)
-    got = run_flow(FLOWSPARK, items, flow_spec, batch_size)
+def assert_same(
+    items: list[Any], flow_spec: dict, batch_size: int, pause_after: frozenset[int] = frozenset()
+) -> None:
+    want = run_flow(BYTEWAX, items, flow_spec, batch_size, pause_after)
+    got = run_flow(FLOWSPARK, items, flow_spec, batch_size, pause_after)
     assert Counter(map(repr, got)) == Counter(map(repr, want)), (flow_spec, batch_size)
     assert per_key(got) == per_key(want), (flow_spec, batch_size)
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(items=ITEMS, flow_spec=FLOWS)
-def test_same_outputs_as_bytewax(items, flow_spec):
+@given(items=ITEMS, flow_spec=FLOWS, pause_after=st.frozensets(st.integers(0, 39), max_size=6))
+def test_same_outputs_as_bytewax(items, flow_spec, pause_after):
     for batch_size in (1, 7):
-        assert_same(items, flow_spec, batch_size)
+        assert_same(items, flow_spec, batch_size, pause_after)
 
 
 def run_two_inputs(
