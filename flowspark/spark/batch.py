@@ -10,6 +10,7 @@ from typing import Any, Callable, Optional
 from flowspark.errors import FlowsparkCompileError, FlowsparkError, FlowsparkRuntimeError, FlowsparkTypeError
 from flowspark.spark.compiler import Plan, SinkPlan, StagePlan, compile_flow
 from flowspark.spark.runtime import (
+    HEAD_LEN,
     StepFailure,
     decode_task_error,
     dumps,
@@ -109,7 +110,12 @@ class _Job:
         from pyspark.sql import functions as F  # noqa: N812
 
         df = self.dfs[stage].filter(F.col("p") == port)
-        seq = F.concat(F.col("seq"), F.lit(pad)) if pad else F.col("seq")
+        if pad:  # a merge: the upstream's index after the source header, then padding
+            head = F.expr(f"substring(seq, 1, {HEAD_LEN})")
+            rest = F.expr(f"substring(seq, {HEAD_LEN + 1}, 1073741824)")
+            seq = F.concat(head, F.lit(pad[:4]), rest, F.lit(pad[4:]))
+        else:
+            seq = F.col("seq")
         return df.select(F.col("k"), seq.alias("seq"), F.col("v"))
 
     def stage_input(self, st: StagePlan) -> Any:

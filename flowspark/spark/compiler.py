@@ -49,8 +49,9 @@ class StagePlan:
     Attributes:
         spec: What the Python pass does (shipped to the workers).
         kind: `source`, `map` or `keyed`.
-        inputs: For `map` and `keyed` stages, the ports read: `(stage id, port, suffix)`;
-            `suffix` is appended to the sequences (a merge's padding and upstream index).
+        inputs: For `map` and `keyed` stages, the ports read: `(stage id, port, pad)`;
+            for a merge, `pad` is the upstream's index (inserted after the source
+            header of each sequence) then zero padding (appended); else empty.
         steps: Ids of the core steps fused into the stage, in order.
         source: For source stages, the source object.
     """
@@ -309,7 +310,7 @@ def compile_flow(flow: Any) -> Plan:
             case ir.Merge():
                 ups = node.ups
                 maxd = max(depth[u] for u in ups)
-                pads = tuple(b"\0" * (maxd - depth[u]) + idx(i) for i, u in enumerate(ups))
+                pads = tuple(idx(i) + b"\0" * (maxd - depth[u]) for i, u in enumerate(ups))
                 homes = {loc[u].stage_id for u in ups}
                 if len(homes) == 1:
                     b = loc[ups[0]]

@@ -9,12 +9,17 @@ lexicographically) in the order the items must be processed. A source stamps
 `>IIQ` (source index, source partition, position); every `flat_map_batch`
 appends one `>I` component (the index of the output among the outputs of its
 input item); a stateful step appends one component (the index of the emit
-among the emits caused by one input value; emits at the end of a key use
-indexes from `EOF_BASE` on, so they sort after everything the key emitted
-before); a merge pads each upstream's sequences to the same length and appends
-the upstream's index. All sequences of one stream therefore have the same
-length, and sorting by sequence restores the order of the in-memory executor
-for every item of one source partition and, within a key, exactly.
+among the emits caused by one input value). Emits at the end of a key
+(notifications due after the last value, then `on_eof`) replace the source
+index of the last value's sequence by `0xFFFFFFFF` and use indexes from
+`EOF_BASE` on, so they sort after every item emitted while input flowed, as
+they come last in the in-memory executor. A merge inserts the upstream's index
+right after the 16-byte source header and pads the sequence to the longest
+upstream's length, so items derived from one source item come upstream by
+upstream, as in the in-memory executor's passes. All sequences of one stream
+have the same length, and sorting by sequence restores the order of the
+in-memory executor for every item of one source partition and, within a key,
+exactly.
 
 The per-key driver (`drive_key`) runs a chain of stateful steps over one key's
 values, given in sequence order. Time is a fixed logical `now` for the whole
@@ -57,6 +62,9 @@ __all__ = [
 #: First emit index used for emits at the end of a key (notifications fired after
 #: the last value, then `on_eof`), so they sort after every other emit of the key.
 EOF_BASE = 1 << 31
+_EOF_HEAD = b"\xff\xff\xff\xff"
+#: Length of the source header of every sequence (`>IIQ`).
+HEAD_LEN = 16
 
 _IDX_CACHE = [struct.pack(">I", i) for i in range(4096)]
 _PACK_I = struct.Struct(">I").pack
@@ -174,7 +182,8 @@ class Op:
 
     `kind` is `map` (flat_map_batch), `inspect` (pass through and copy to
     `side`), `pass` (redistribute), `branch` or `merge`. `ups`/`downs` are
-    stream ids; for `merge`, `pads[i]` is appended to the sequences of `ups[i]`.
+    stream ids; for `merge`, `pads[i]` is the upstream's 4-byte index (inserted
+    after the source header) then zero padding (appended).
     """
 
     kind: str
@@ -310,7 +319,7 @@ def _run_step(
                     out.append((chunk[j if j < last else last][0] + idx(j), w))
             if discard:
                 logic = None
-        last_seq = items[-1][0] if items else b""
+        last_seq = _EOF_HEAD + items[-1][0][4:] if items else _EOF_HEAD
         if eof and logic is not None:
             ws, discard = _emits(sid, key, logic.on_eof(), "on_eof()")
             for j, w in enumerate(ws):
@@ -344,7 +353,7 @@ def _run_step(
         if discard:
             logic = None
     if eof and logic is not None:
-        last_seq = items[-1][0] if items else b""
+        last_seq = _EOF_HEAD + items[-1][0][4:] if items else _EOF_HEAD
         n = EOF_BASE
         last_fired = None
         while logic is not None:
@@ -467,7 +476,8 @@ def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]])
         if kind == "merge":
             out: list[tuple[bytes, Any]] = []
             for up, pad in zip(op.ups, op.pads, strict=True):
-                out.extend([(s + pad, x) for s, x in streams.get(up, empty)])
+                tag, zeros = pad[:4], pad[4:]
+                out.extend([(s[:HEAD_LEN] + tag + s[HEAD_LEN:] + zeros, x) for s, x in streams.get(up, empty)])
             streams[op.downs[0]] = out
             continue
         ins = streams.get(op.ups[0], empty)

@@ -1,0 +1,201 @@
+"""Benchmark: flowspark on Spark (bounded input) vs hand-written PySpark vs native Spark vs bytewax.
+
+One run, one warm SparkSession (local[2] by default):
+
+1. 1M events over 10k keys read from parquet; per key a running count
+   (`stateful_map`) and a sum (`fold_final`), fused into one keyed stage:
+   - flowspark: `SparkSource("parquet") -> key_on -> stateful_map -> fold_final -> TestingSink`;
+   - hand-written PySpark: `groupBy(user).applyInPandas` (sort by position, running
+     count, sum) — one Python call per key;
+   - native Spark: `groupBy(user).agg(count, sum)`.
+2. The TestingSource path: the same flow over 1M dict items shipped from the driver,
+   vs bytewax 0.21's `run_main` on the same flow.
+
+Usage: python benchmarks/spark_bounded.py [--events 1000000] [--keys 10000] [--master local[2]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+
+def count_mapper(state, amount):
+    """Running count per key; emits (count so far, amount)."""
+    n = (state or 0) + 1
+    return n, (n, amount)
+
+
+def sum_folder(acc, count_amount):
+    """Final (count, sum of amounts) per key."""
+    return (count_amount[0], acc[1] + count_amount[1])
+
+
+def zero():
+    return (0, 0)
+
+
+def build_flowspark(source: Any, out: list[Any]):
+    import flowspark.operators as op
+    from flowspark.dataflow import Dataflow
+    from flowspark.testing import TestingSink
+
+    flow = Dataflow("bench")
+    s = op.input("inp", flow, source)
+    k = op.key_on("key", s, lambda e: e["user"])
+    amounts = op.map_value("amount", k, lambda e: e["amount"])
+    counts = op.stateful_map("count", amounts, count_mapper)
+    totals = op.fold_final("sum", counts, zero, sum_folder)
+    op.output("out", totals, TestingSink(out))
+    return flow
+
+
+def build_bytewax(items: list[Any], out: list[Any]):
+    import bytewax.operators as bop
+    from bytewax.dataflow import Dataflow as BDataflow
+    from bytewax.testing import TestingSink as BSink
+    from bytewax.testing import TestingSource as BSource
+
+    flow = BDataflow("bench")
+    s = bop.input("inp", flow, BSource(items, batch_size=1000))
+    k = bop.key_on("key", s, lambda e: e["user"])
+    amounts = bop.map_value("amount", k, lambda e: e["amount"])
+    counts = bop.stateful_map("count", amounts, count_mapper)
+    totals = bop.fold_final("sum", counts, zero, sum_folder)
+    bop.output("out", totals, BSink(out))
+    return flow
+
+
+def timed(label: str, fn, n: int, results: dict[str, float]) -> Any:
+    t = time.perf_counter()
+    res = fn()
+    dt = time.perf_counter() - t
+    results[label] = n / dt
+    print(f"{label:<48} {dt:8.2f} s {n / dt:>12,.0f} events/s", flush=True)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--keys", type=int, default=10_000)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--skip-bytewax", action="store_true")
+    args = ap.parse_args()
+    n, nkeys = args.events, args.keys
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession  # noqa: TID251
+    from pyspark.sql import functions as F  # noqa: TID251
+
+    from flowspark.spark import SparkSource, compile_flow, run
+    from flowspark.testing import TestingSource
+
+    spark = (
+        SparkSession.builder.master(args.master)
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.driver.memory", "3g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    tmp = tempfile.mkdtemp(prefix="flowspark-bench-")
+    path = os.path.join(tmp, "events")
+    (
+        spark.range(n, numPartitions=2)
+        .select(
+            F.col("id").alias("pos"),
+            F.concat(F.lit("u"), (F.col("id") * 7919 % nkeys).cast("string")).alias("user"),
+            (F.col("id") % 100).alias("amount"),
+        )
+        .write.parquet(path)
+    )
+    print(f"{n:,} events, {nkeys:,} keys, master {args.master}, parquet at {path}")
+    expected = {
+        r.user: (r.cnt, r.total)
+        for r in spark.read.parquet(path)
+        .groupBy("user")
+        .agg(F.count("*").alias("cnt"), F.sum("amount").alias("total"))
+        .collect()
+    }
+
+    def flowspark_parquet() -> list[Any]:
+        out: list[Any] = []
+        run(build_flowspark(SparkSource("parquet", path), out), spark=spark)
+        return out
+
+    def apply_in_pandas() -> list[Any]:
+        import pandas as pd
+
+        def per_key(pdf: pd.DataFrame) -> pd.DataFrame:
+            pdf = pdf.sort_values("pos")
+            running = pdf["pos"].expanding().count()
+            return pd.DataFrame(
+                {"user": [pdf["user"].iloc[0]], "cnt": [int(running.iloc[-1])], "total": [int(pdf["amount"].sum())]}
+            )
+
+        df = spark.read.parquet(path).groupBy("user").applyInPandas(per_key, "user string, cnt long, total long")
+        return df.collect()
+
+    def native() -> list[Any]:
+        return (
+            spark.read.parquet(path)
+            .groupBy("user")
+            .agg(F.count("*").alias("cnt"), F.sum("amount").alias("total"))
+            .collect()
+        )
+
+    print(compile_flow(build_flowspark(SparkSource("parquet", path), [])))
+    # Warm-up (JVM, Python workers, code paths), on a tenth of the work.
+    run(build_flowspark(TestingSource([{"user": "u1", "amount": 1}] * 1000), []), spark=spark)
+    native()
+
+    results: dict[str, float] = {}
+    print("\n-- parquet input --")
+    out = timed("flowspark on Spark (parquet)", flowspark_parquet, n, results)
+    got = {k: v for k, v in out}
+    assert got == expected, "flowspark result differs from Spark's"
+    rows = timed("hand-written groupBy().applyInPandas", apply_in_pandas, n, results)
+    assert {r.user: (r.cnt, r.total) for r in rows} == expected
+    timed("native groupBy().agg(count, sum)", native, n, results)
+    fs, aip, nat = (
+        results["flowspark on Spark (parquet)"],
+        results["hand-written groupBy().applyInPandas"],
+        results["native groupBy().agg(count, sum)"],
+    )
+    print(f"flowspark / applyInPandas: {fs / aip:5.2f}x   native / flowspark: {nat / fs:5.2f}x")
+
+    print("\n-- TestingSource input (items built in the driver) --")
+    items = [{"user": f"u{i * 7919 % nkeys}", "amount": i % 100} for i in range(n)]
+
+    def flowspark_testing() -> list[Any]:
+        out: list[Any] = []
+        run(build_flowspark(TestingSource(items), out), spark=spark)
+        return out
+
+    out = timed("flowspark on Spark (TestingSource)", flowspark_testing, n, results)
+    assert dict(out) == expected
+    if not args.skip_bytewax:
+        from bytewax.testing import run_main as bw_run_main
+
+        def bytewax_run() -> list[Any]:
+            out: list[Any] = []
+            bw_run_main(build_bytewax(items, out))
+            return out
+
+        out = timed("bytewax 0.21 run_main", bytewax_run, n, results)
+        assert dict(out) == expected
+        ratio = results["flowspark on Spark (TestingSource)"] / results["bytewax 0.21 run_main"]
+        print(f"flowspark (TestingSource) / bytewax run_main: {ratio:5.2f}x")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""flowspark `FixedPartitionedSource`s as Spark streaming sources (PySpark's Python DataSource API).
+
+A source is read at the driver by the stream reader (`DataSourceStreamReader`,
+kept alive by Spark between micro-batches): `latestOffset` polls every
+partition for what is ready now (at most `max_items` items per partition and
+micro-batch) and returns the partitions' new positions; `partitions` hands the
+items polled for that offset range to the tasks, as chunk rows of the batch
+runtime's row format (`k string, seq binary, v binary`: `seq` is the source
+sequence `(source index, partition index, position)` of the first item and `v`
+the pickled list of items), which the source stage expands exactly as it does
+for `TestingSource` chunks in the batch runtime.
+
+Offsets are real: for each partition, its `snapshot()` after the last item of
+the range (pickled, base64) and the number of items read so far. Spark writes
+them in the checkpoint's offset log, so a restarted query rebuilds each partition
+with `build_part(step_id, key, snapshot)` and goes on from there; a range that
+was planned but not committed before a crash is replayed by rebuilding the
+partition at the range's start and reading the same number of items again (the
+source contract: resuming from a snapshot yields the same items).
+
+`SupportsTriggerAvailableNow`: with `trigger="available_now"` a partition is read
+until it returns an empty batch (nothing ready now) or ends, and never after that
+in this query, so the query ends.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import struct
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timezone
+from typing import Any, Optional
+
+import cloudpickle
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+
+from flowspark.errors import FlowsparkRuntimeError
+from flowspark.inputs import AbortExecution, FixedPartitionedSource
+from flowspark.spark.runtime import dumps, source_seq
+
+__all__ = ["FORMAT", "FlowsparkDataSource", "register", "stream_options"]
+
+#: The name the data source is registered under (`spark.readStream.format(FORMAT)`).
+FORMAT = "flowspark_source"
+#: Largest number of items in one chunk row.
+_CHUNK = 5000
+_SCHEMA = "k string, seq binary, v binary"
+
+
+def _enc(x: Any) -> str:
+    return base64.b64encode(pickle.dumps(x, protocol=5)).decode("ascii")
+
+
+def _dec(s: str) -> Any:
+    return pickle.loads(base64.b64decode(s))  # noqa: S301
+
+
+def stream_options(step_id: str, source: FixedPartitionedSource[Any, Any], source_index: int, max_items: int) -> dict:
+    """Options that make `spark.readStream.format(FORMAT)` read `source`.
+
+    Args:
+        step_id: The input step's id.
+        source: The source (pickled with cloudpickle into the options).
+        source_index: Index of the input step in the flow (first sequence component).
+        max_items: Most items read from one partition for one micro-batch.
+
+    Returns:
+        Reader options.
+    """
+    blob = base64.b64encode(cloudpickle.dumps((step_id, source, source_index, max_items))).decode("ascii")
+    return {"flowspark.source": blob}
+
+
+def register(spark: Any) -> None:
+    """Register the data source on `spark` (once per session is enough; repeating is harmless).
+
+    Args:
+        spark: The SparkSession.
+    """
+    spark.dataSource.register(FlowsparkDataSource)
+
+
+class FlowsparkDataSource(DataSource):
+    """The Python data source behind streamed `FixedPartitionedSource`s (see the module docs)."""
+
+    @classmethod
+    def name(cls) -> str:
+        """Return the format name.
+
+        Returns:
+            `FORMAT`.
+        """
+        return FORMAT
+
+    def schema(self) -> str:
+        """Return the row schema: chunk rows of the batch runtime.
+
+        Returns:
+            A DDL string.
+        """
+        return _SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802
+        """Build the stream reader.
+
+        Args:
+            schema: The schema (ignored; always `schema()`).
+
+        Returns:
+            The reader.
+        """
+        step_id, source, source_index, max_items = cloudpickle.loads(base64.b64decode(self.options["flowspark.source"]))
+        return _Reader(step_id, source, source_index, max_items)
+
+
+class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, step_id: str, source: FixedPartitionedSource[Any, Any], source_index: int, max_items: int):
+        self.step_id = step_id
+        self.source = source
+        self.source_index = source_index
+        self.max_items = max_items
+        self.keys = self._call(lambda: list(source.list_parts()))
+        self.live: dict[str, tuple[int, Any]] = {}  # key -> (items read so far, partition)
+        self.buf: dict[tuple[str, int], list[Any]] = {}  # (key, start n) -> items of the range
+        self.available_now = False
+        self.drained: set[str] = set()
+
+    def _call(self, fn: Any) -> Any:
+        try:
+            return fn()
+        except FlowsparkRuntimeError:
+            raise
+        except Exception as e:
+            err = FlowsparkRuntimeError(self.step_id, f"error in step {self.step_id!r}: {type(e).__name__}: {e}")
+            raise err from e
+
+    def initialOffset(self) -> dict:  # noqa: N802
+        return {k: {"snap": _enc(None), "n": 0, "eof": False} for k in self.keys}
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        self.available_now = True
+
+    def _part(self, key: str, off: dict) -> Any:
+        live = self.live.get(key)
+        if live is not None and live[0] == off["n"]:
+            return live[1]
+        if live is not None:
+            self._close(live[1])
+        part = self._call(lambda: self.source.build_part(self.step_id, key, _dec(off["snap"])))
+        self.live[key] = (off["n"], part)
+        return part
+
+    def _close(self, part: Any) -> None:
+        try:
+            part.close()
+        except Exception:  # noqa: BLE001,S110
+            pass
+
+    def latestOffset(self, start: dict, limit: Any) -> dict:  # noqa: N802
+        end: dict = {}
+        now: Optional[datetime] = None
+        for key in self.keys:
+            off = start.get(key) or {"snap": _enc(None), "n": 0, "eof": False}
+            if off["eof"] or key in self.drained:
+                end[key] = off
+                continue
+            part = self._part(key, off)
+            awake = part.next_awake()
+            if awake is not None:
+                now = now or datetime.now(timezone.utc)
+                if awake > now:
+                    end[key] = off
+                    continue
+            items: list[Any] = []
+            eof = False
+            try:
+                while len(items) < self.max_items:
+                    got = self._call(lambda p=part: list(p.next_batch()))
+                    items.extend(got)
+                    if not got:
+                        if self.available_now:
+                            self.drained.add(key)
+                        break
+                    awake = part.next_awake()
+                    if awake is not None and awake > datetime.now(timezone.utc):
+                        break
+            except StopIteration:
+                eof = True
+            except AbortExecution:
+                eof = True
+            n = off["n"] + len(items)
+            snap = self._call(part.snapshot)
+            if items:
+                self.buf[(key, off["n"])] = items
+            self.live[key] = (n, part)
+            end[key] = {"snap": _enc(snap), "n": n, "eof": eof}
+            if eof:
+                self._close(part)
+                del self.live[key]
+        return end
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        out: list[InputPartition] = []
+        for pi, key in enumerate(self.keys):
+            s = start.get(key) or {"snap": _enc(None), "n": 0, "eof": False}
+            e = end.get(key, s)
+            count = e["n"] - s["n"]
+            if count <= 0:
+                continue
+            items = self.buf.pop((key, s["n"]), None)
+            if items is None or len(items) != count:
+                items = self._replay(key, s, count)
+            for i in range(0, count, _CHUNK):
+                out.append(InputPartition((pi, s["n"] + i, dumps(items[i : i + _CHUNK]))))
+        return out
+
+    def _replay(self, key: str, off: dict, count: int) -> list[Any]:
+        """Re-read `count` items of partition `key` from the snapshot in `off`."""
+        part = self._call(lambda: self.source.build_part(self.step_id, key, _dec(off["snap"])))
+        items: list[Any] = []
+        try:
+            while len(items) < count:
+                items.extend(self._call(lambda: list(part.next_batch())))
+        except StopIteration:
+            pass
+        finally:
+            self._close(part)
+        if len(items) < count:
+            msg = (
+                f"step {self.step_id!r}: partition {key!r} replayed {len(items)} items from its snapshot, "
+                f"but the checkpoint recorded {count}; the source does not resume deterministically"
+            )
+            raise FlowsparkRuntimeError(self.step_id, msg)
+        return items[:count]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
+        pi, pos, blob = partition.value
+        yield (None, source_seq(self.source_index, pi, pos), blob)
+
+    def commit(self, end: dict) -> None:
+        for key in self.keys:
+            e = end.get(key)
+            if e is None:
+                continue
+            for k2 in [k for k in self.buf if k[0] == key and k[1] < e["n"]]:
+                del self.buf[k2]
+
+    def stop(self) -> None:
+        for _n, part in self.live.values():
+            self._close(part)
+        self.live.clear()
+
+
+def decode_seq(seq: bytes) -> tuple[int, int, int]:
+    """Split a source sequence into (source index, partition index, position).
+
+    Args:
+        seq: The first 16 bytes of a sequence.
+
+    Returns:
+        The three components.
+    """
+    si, pi, pos = struct.unpack(">IIQ", seq[:16])
+    return si, pi, pos

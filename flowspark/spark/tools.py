@@ -1,0 +1,283 @@
+"""Spark-side helpers of the `flowspark` command line.
+
+- `open_session`: a SparkSession for a master URL and `--conf` settings, with a
+  one-line `FlowsparkError` when a standalone master cannot be reached.
+- `physical_plans`: Spark's formatted physical plan of every stage of a compiled
+  plan, built without running any job.
+- `Progress`: a background reporter of a bounded run's progress (stages and
+  tasks done, rows read and written) from Spark's status store.
+- `spark_error_line`: the one line worth showing of a Spark / Py4J exception.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any, Optional, TextIO
+from urllib.parse import urlparse
+
+from flowspark.errors import FlowsparkError
+
+__all__ = [
+    "MasterUnreachableError",
+    "Progress",
+    "check_master",
+    "open_session",
+    "physical_plans",
+    "spark_error_line",
+]
+
+
+class MasterUnreachableError(FlowsparkError, ConnectionError):
+    """A `spark://` master did not accept a connection."""
+
+
+def check_master(master: str, timeout: float = 3.0) -> None:
+    """Check that every host of a `spark://h1:p1,h2:p2` master URL accepts TCP connections.
+
+    Other masters (`local[...]`, `yarn`, `k8s://...`) are not checked.
+
+    Args:
+        master: The master URL.
+        timeout: Seconds to wait for each connection.
+
+    Raises:
+        MasterUnreachableError: No listed host accepted a connection.
+
+    Example:
+        >>> check_master("local[2]")
+    """
+    if not master.startswith("spark://"):
+        return
+    hosts = master[len("spark://") :].split(",")
+    errors = []
+    for hp in hosts:
+        parsed = urlparse(f"spark://{hp}")
+        host, port = parsed.hostname, parsed.port
+        if not host or port is None:
+            msg = f"master URL {master!r} has no port in {hp!r}; write it as spark://HOST:PORT (usually port 7077)"
+            raise MasterUnreachableError(msg)
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return
+        except OSError as e:
+            errors.append(f"{host}:{port}: {e.strerror or e}")
+    msg = (
+        f"cannot reach the Spark master {master} ({'; '.join(errors)}); start it "
+        "(`spark-class org.apache.spark.deploy.master.Master`) or fix --master"
+    )
+    raise MasterUnreachableError(msg)
+
+
+def open_session(master: str, conf: Optional[dict[str, str]] = None, app_name: str = "flowspark") -> Any:
+    """Return a SparkSession on `master` (checked first when it is `spark://`).
+
+    Args:
+        master: The master URL.
+        conf: Extra settings (over `flowspark.spark.session.DEFAULT_CONF`).
+        app_name: The application name.
+
+    Returns:
+        The session.
+
+    Raises:
+        MasterUnreachableError: A `spark://` master cannot be reached.
+    """
+    from flowspark.spark.session import get_session
+
+    check_master(master)
+    settings = {"spark.app.name": app_name, **(conf or {})}
+    return get_session(master, settings)
+
+
+_ROW_SCHEMA = "p int, k string, seq binary, v binary"
+
+
+def physical_plans(plan: Any, spark: Any, mode: str = "formatted") -> list[tuple[int, str]]:
+    """Spark's physical plan of each stage's DataFrame, as `flowspark.spark.run` builds them.
+
+    No job runs to build them, except what a `SparkSource` needs to infer its schema.
+
+    Args:
+        plan: A `flowspark.spark.Plan`.
+        spark: The SparkSession.
+        mode: Spark's explain mode (`simple`, `extended`, `formatted`, `cost`, `codegen`).
+
+    Returns:
+        `(stage id, plan text)` for every stage.
+    """
+    from flowspark.spark.batch import _Job
+    from flowspark.spark.runtime import stage_function
+
+    now = datetime.now(timezone.utc)
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
+    job = _Job(plan, spark, now, partitions, 20_000)
+    out = []
+    jvm = spark.sparkContext._jvm
+    for st in plan.stages:
+        df = job.stage_input(st).mapInArrow(stage_function(st.spec, now), _ROW_SCHEMA)
+        job.dfs[st.spec.stage_id] = df
+        text = jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), mode)
+        out.append((st.spec.stage_id, str(text).rstrip()))
+    return out
+
+
+def _fmt(n: int) -> str:
+    return f"{n:,}"
+
+
+class Progress:
+    """Print a bounded run's progress every `interval` seconds while it runs.
+
+    Lines look like `flowspark: 12s stages 3/5 done (1 running, tasks 7/8) rows read 10,000 written 9,000`;
+    stages are Spark stages of the jobs started since the reporter began. On a
+    terminal the line is redrawn in place. Nothing is printed for runs shorter
+    than `delay` seconds.
+
+    Args:
+        spark: The SparkSession.
+        stream: Where to print (default `sys.stderr`).
+        interval: Seconds between lines.
+        delay: Seconds before the first line.
+    """
+
+    def __init__(self, spark: Any, stream: Optional[TextIO] = None, interval: float = 2.0, delay: float = 2.0) -> None:
+        self.spark = spark
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval = interval
+        self.delay = delay
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._first_stage: Optional[int] = None
+        self._start = 0.0
+        self._printed = False
+        self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def _stages(self) -> list[Any]:
+        sc = self.spark.sparkContext
+        store = sc._jsc.sc().statusStore()
+        seq = store.stageList(None, False, False, sc._gateway.new_array(sc._jvm.double, 0), sc._jvm.java.util.ArrayList())
+        return [seq.apply(i) for i in range(seq.size())]
+
+    def snapshot(self) -> dict[str, int]:
+        """Count stages, tasks and rows of the stages started since the reporter began.
+
+        Returns:
+            `stages`, `done`, `running`, `tasks`, `tasks_done`, `rows_read`, `rows_written`.
+        """
+        counts = dict.fromkeys(("stages", "done", "running", "tasks", "tasks_done", "rows_read", "rows_written"), 0)
+        for s in self._stages():
+            if self._first_stage is not None and s.stageId() < self._first_stage:
+                continue
+            status = s.status().toString()
+            if status == "SKIPPED":
+                continue
+            counts["stages"] += 1
+            counts["done"] += status == "COMPLETE"
+            counts["running"] += status == "ACTIVE"
+            counts["tasks"] += s.numTasks()
+            counts["tasks_done"] += s.numCompleteTasks()
+            counts["rows_read"] += s.inputRecords() + s.shuffleReadRecords()
+            counts["rows_written"] += s.outputRecords() + s.shuffleWriteRecords()
+        return counts
+
+    def line(self, counts: dict[str, int], elapsed: float) -> str:
+        """Format one progress line.
+
+        Args:
+            counts: A `snapshot()`.
+            elapsed: Seconds since the start.
+
+        Returns:
+            The line.
+
+        Example:
+            >>> p = Progress(None, stream=sys.stderr)
+            >>> c = {"stages": 5, "done": 3, "running": 1, "tasks": 8, "tasks_done": 7,
+            ...      "rows_read": 10000, "rows_written": 9000}
+            >>> p.line(c, 12.3)
+            'flowspark: 12s stages 3/5 done (1 running, tasks 7/8) rows read 10,000 written 9,000'
+        """
+        return (
+            f"flowspark: {elapsed:.0f}s stages {counts['done']}/{counts['stages']} done "
+            f"({counts['running']} running, tasks {counts['tasks_done']}/{counts['tasks']}) "
+            f"rows read {_fmt(counts['rows_read'])} written {_fmt(counts['rows_written'])}"
+        )
+
+    def _emit(self, final: bool = False) -> None:
+        try:
+            text = self.line(self.snapshot(), time.monotonic() - self._start)
+        except Exception:  # noqa: BLE001 - progress must never break a run
+            return
+        if self._tty:
+            self.stream.write("\r" + text + ("\n" if final else ""))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+        self._printed = True
+
+    def _loop(self) -> None:
+        if self._stop.wait(self.delay):
+            return
+        while True:
+            self._emit()
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self) -> Progress:
+        """Start reporting."""
+        try:
+            stages = self._stages()
+            self._first_stage = max((s.stageId() for s in stages), default=-1) + 1
+        except Exception:  # noqa: BLE001
+            self._first_stage = None
+        self._start = time.monotonic()
+        self._thread = threading.Thread(target=self._loop, name="flowspark-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Stop reporting; print a last line if any was printed."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._printed and exc_type is None:
+            self._emit(final=True)
+
+
+_JAVA_EXC = re.compile(r"(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error)(?::\s*)?")
+
+
+def spark_error_line(err: BaseException) -> str:
+    """The one line of a Spark, Py4J or Java exception a user needs.
+
+    Args:
+        err: The exception.
+
+    Returns:
+        Its first meaningful line, without Java class prefixes and stack frames.
+
+    Example:
+        >>> e = RuntimeError("An error occurred while calling o12.load.\\n: java.io.FileNotFoundException: "
+        ...                  "/x (No such file)\\n\\tat java.base/java.io.FileInputStream.open0(Native Method)")
+        >>> spark_error_line(e)
+        'FileNotFoundException: /x (No such file)'
+    """
+    text = str(err)
+    lines = [ln.strip() for ln in text.splitlines()]
+    lines = [ln.lstrip(": ").strip() for ln in lines if ln and not ln.startswith("at ")]
+    lines = [ln for ln in lines if not ln.startswith("An error occurred while calling")]
+    first = lines[0] if lines else type(err).__name__
+    m = _JAVA_EXC.match(first)
+    if m:
+        cls = m.group(0).rstrip(": ").rsplit(".", 1)[-1]
+        rest = first[m.end() :].strip()
+        first = f"{cls}: {rest}" if rest else cls
+    if len(first) > 400:
+        first = first[:397] + "..."
+    return first
+
