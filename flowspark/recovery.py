@@ -165,6 +165,12 @@ class RecoveryStore:
             The live states (discarded keys are absent).
         """
         epoch = self.resume_epoch()
+        # A crash while an epoch was being written can leave it committed in some partitions
+        # only; it is not resumable, so drop what it wrote before it is written again.
+        for con in self._cons.values():
+            with con:
+                con.execute("DELETE FROM snaps WHERE epoch > ?", (epoch,))
+                con.execute("DELETE FROM commits WHERE epoch > ?", (epoch,))
         out: dict[str, dict[str, Any]] = {}
         for con in self._cons.values():
             rows = con.execute(
@@ -196,13 +202,18 @@ class RecoveryStore:
             with con:
                 con.executemany("INSERT OR REPLACE INTO snaps VALUES (?, ?, ?, ?)", rows)
                 con.execute("INSERT OR REPLACE INTO commits VALUES (?)", (epoch,))
-                # Garbage-collect: older versions of keys rewritten in this epoch.
+        # Only once every partition committed the epoch (the resume point is the oldest
+        # partition's last commit): drop older versions of keys rewritten in this epoch, and
+        # deletion markers that no longer hide anything.
+        for con in self._cons.values():
+            with con:
                 con.execute(
                     "DELETE FROM snaps WHERE epoch < ? AND EXISTS (SELECT 1 FROM snaps n"
                     " WHERE n.step_id = snaps.step_id AND n.state_key = snaps.state_key"
                     " AND n.epoch = ?)",
                     (epoch, epoch),
                 )
+                con.execute("DELETE FROM snaps WHERE epoch <= ? AND ser_change IS NULL", (epoch,))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
