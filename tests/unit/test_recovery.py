@@ -345,3 +345,75 @@ def test_run_main_rejects_bad_options(kw, err, word):
     op.output("out", op.input("inp", flow, TestingSource([1])), TestingSink([]))
     with pytest.raises(err, match=word):
         run_main(flow, **kw)
+
+
+# -- crash consistency of the store -------------------------------------------
+
+
+class _FailingCon:
+    """A partition connection that fails while an epoch is written to it."""
+
+    def __init__(self, con):
+        self._con = con
+
+    def __enter__(self):
+        return self._con.__enter__()
+
+    def __exit__(self, *exc):
+        return self._con.__exit__(*exc)
+
+    def executemany(self, *args):
+        raise OSError("disk gone")
+
+    def __getattr__(self, name):
+        return getattr(self._con, name)
+
+
+def _keys_in_every_partition(store, n=30):
+    parts = {}
+    for i in range(n):
+        parts.setdefault(id(store._part("step", f"k{i}")), f"k{i}")
+    assert len(parts) == store.count
+    return list(parts.values())
+
+
+def test_epoch_written_to_some_partitions_only_is_not_resumed(tmp_path):
+    from flowspark.recovery import DELETED, RecoveryStore
+
+    init_db_dir(tmp_path / "d", 2)
+    cfg = RecoveryConfig(tmp_path / "d")
+    store = RecoveryStore(cfg)
+    keys = _keys_in_every_partition(store)
+    store.write(1, [("step", k, f"{k}@1") for k in keys])
+    # Epoch 2 rewrites every key, but the write fails after the first partition committed.
+    first, second = sorted(store._cons)
+    store._cons[second] = _FailingCon(store._cons[second])
+    with pytest.raises(OSError, match="disk gone"):
+        store.write(2, [("step", k, f"{k}@2") for k in keys])
+    store._cons[second] = store._cons[second]._con
+    store.close()
+
+    store = RecoveryStore(cfg)
+    assert store.resume_epoch() == 1
+    assert store.load() == {"step": {k: f"{k}@1" for k in keys}}
+    # The next execution writes epoch 2 again, touching one key only: the half-written
+    # epoch 2 of the failed run must not show through for the others.
+    store.write(2, [("step", keys[0], DELETED)])
+    store.close()
+    store = RecoveryStore(cfg)
+    assert store.load() == {"step": {k: f"{k}@1" for k in keys[1:]}}
+    store.close()
+
+
+def test_store_drops_superseded_versions(tmp_path):
+    from flowspark.recovery import DELETED, RecoveryStore
+
+    init_db_dir(tmp_path / "d", 1)
+    store = RecoveryStore(RecoveryConfig(tmp_path / "d"))
+    store.write(1, [("s", "a", 1), ("s", "b", 1)])
+    store.write(2, [("s", "a", 2), ("s", "b", DELETED)])
+    store.write(3, [("s", "c", 3)])
+    assert store.load() == {"s": {"a": 2, "c": 3}}
+    rows = sorted(store._cons[0].execute("SELECT state_key, epoch FROM snaps").fetchall())
+    assert rows == [("a", 2), ("c", 3)]
+    store.close()
