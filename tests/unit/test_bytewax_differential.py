@@ -331,7 +331,7 @@ def run_executions(api: Api, segments: list[list[Any]], flow_spec: dict, batch_s
 
 # (ABORT and PAUSE are left out: bytewax's TestingSource does not count them in its resume
 # index, see test_recovery.py::test_markers_advance_the_resume_position.)
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     segments=st.lists(ITEMS.map(lambda xs: xs[:12]), min_size=1, max_size=3),
     flow_spec=st.fixed_dictionaries({"pre": st.lists(PRE, max_size=1), "terminal": TERMINAL}),
@@ -361,7 +361,7 @@ def run_abort_executions(
     return outs
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     before=ITEMS.map(lambda xs: xs[:10]),
     after=ITEMS.map(lambda xs: xs[:10]),
