@@ -200,20 +200,21 @@ class RecoveryStore:
         for con in self._cons.values():
             rows = by_con.get(id(con), [])
             with con:
+                # Garbage-collect up to the previous epoch only: it is committed in every
+                # partition (the resume point is the oldest partition's last commit), while
+                # this one may not be if the write fails half-way. Drop older versions of
+                # keys rewritten in it, then deletion markers that no longer hide anything.
+                prev = con.execute("SELECT MAX(epoch) FROM commits WHERE epoch < ?", (epoch,)).fetchone()[0]
+                if prev is not None:
+                    con.execute(
+                        "DELETE FROM snaps WHERE epoch < ? AND EXISTS (SELECT 1 FROM snaps n"
+                        " WHERE n.step_id = snaps.step_id AND n.state_key = snaps.state_key"
+                        " AND n.epoch = ?)",
+                        (prev, prev),
+                    )
+                    con.execute("DELETE FROM snaps WHERE epoch <= ? AND ser_change IS NULL", (prev,))
                 con.executemany("INSERT OR REPLACE INTO snaps VALUES (?, ?, ?, ?)", rows)
                 con.execute("INSERT OR REPLACE INTO commits VALUES (?)", (epoch,))
-        # Only once every partition committed the epoch (the resume point is the oldest
-        # partition's last commit): drop older versions of keys rewritten in this epoch, and
-        # deletion markers that no longer hide anything.
-        for con in self._cons.values():
-            with con:
-                con.execute(
-                    "DELETE FROM snaps WHERE epoch < ? AND EXISTS (SELECT 1 FROM snaps n"
-                    " WHERE n.step_id = snaps.step_id AND n.state_key = snaps.state_key"
-                    " AND n.epoch = ?)",
-                    (epoch, epoch),
-                )
-                con.execute("DELETE FROM snaps WHERE epoch <= ? AND ser_change IS NULL", (epoch,))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
