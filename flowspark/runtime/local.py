@@ -4,7 +4,9 @@ The executor works in *passes*. Each pass polls every source partition for up to
 `_BATCH_TARGET` items (several `next_batch` calls), then runs every core step
 once in topological order, so everything polled in a pass is fully processed by
 the end of it. A pass boundary is therefore a consistent cut, which is where
-epochs close and recovery snapshots are taken.
+epochs close and recovery snapshots are taken. When the graph merges two or more
+streams (`merge`, `join`), a pass carries one `next_batch` per partition instead,
+so streams meet batch by batch as in Bytewax (see `_Executor.one_batch_per_pass`).
 
 Order guarantees: the items of one source partition keep their order through
 stateless steps; `merge` keeps each upstream's order; a stateful step sees each
