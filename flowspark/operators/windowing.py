@@ -850,10 +850,17 @@ class _WindowLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, Any, d
                     for w in logic.on_value(value):
                         events.append((_E, wid, w))
         for orig, into in self.windower.merged():
-            if orig != into:
-                consumed = self.logics.pop(orig)
-                for w in self.logics[into].on_merge(consumed):
-                    events.append((_E, into, w))
+            if orig == into:
+                continue
+            consumed = self.logics.pop(orig, None)
+            if consumed is None:  # a custom windower merged a window that got no value
+                continue
+            target = self.logics.get(into)
+            if target is None:
+                self.logics[into] = consumed
+                continue
+            for w in target.on_merge(consumed):
+                events.append((_E, into, w))
         for wid, meta in self.windower.close_for(wm):
             logic = self.logics.pop(wid, None)
             if logic is not None:
