@@ -11,16 +11,17 @@
 
 from __future__ import annotations
 
+import os
 import re
-import socket
 import sys
+import tempfile
 import threading
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Optional, TextIO
-from urllib.parse import urlparse
 
-from flowspark.errors import FlowsparkError
+from flowspark.submit import MasterUnreachableError, check_master
 
 __all__ = [
     "MasterUnreachableError",
@@ -28,58 +29,22 @@ __all__ = [
     "check_master",
     "open_session",
     "physical_plans",
+    "quiet_logs",
     "spark_error_line",
 ]
 
 
-class MasterUnreachableError(FlowsparkError, ConnectionError):
-    """A `spark://` master did not accept a connection."""
-
-
-def check_master(master: str, timeout: float = 3.0) -> None:
-    """Check that every host of a `spark://h1:p1,h2:p2` master URL accepts TCP connections.
-
-    Other masters (`local[...]`, `yarn`, `k8s://...`) are not checked.
-
-    Args:
-        master: The master URL.
-        timeout: Seconds to wait for each connection.
-
-    Raises:
-        MasterUnreachableError: No listed host accepted a connection.
-
-    Example:
-        >>> check_master("local[2]")
-    """
-    if not master.startswith("spark://"):
-        return
-    hosts = master[len("spark://") :].split(",")
-    errors = []
-    for hp in hosts:
-        parsed = urlparse(f"spark://{hp}")
-        host, port = parsed.hostname, parsed.port
-        if not host or port is None:
-            msg = f"master URL {master!r} has no port in {hp!r}; write it as spark://HOST:PORT (usually port 7077)"
-            raise MasterUnreachableError(msg)
-        try:
-            with socket.create_connection((host, port), timeout=timeout):
-                return
-        except OSError as e:
-            errors.append(f"{host}:{port}: {e.strerror or e}")
-    msg = (
-        f"cannot reach the Spark master {master} ({'; '.join(errors)}); start it "
-        "(`spark-class org.apache.spark.deploy.master.Master`) or fix --master"
-    )
-    raise MasterUnreachableError(msg)
-
-
-def open_session(master: str, conf: Optional[dict[str, str]] = None, app_name: str = "flowspark") -> Any:
+def open_session(
+    master: str, conf: Optional[dict[str, str]] = None, app_name: str = "flowspark", quiet: bool = True
+) -> Any:
     """Return a SparkSession on `master` (checked first when it is `spark://`).
 
     Args:
         master: The master URL.
         conf: Extra settings (over `flowspark.spark.session.DEFAULT_CONF`).
         app_name: The application name.
+        quiet: Silence Spark's own console log (`quiet_logs`), so errors are
+            reported by flowspark on one line.
 
     Returns:
         The session.
@@ -90,8 +55,45 @@ def open_session(master: str, conf: Optional[dict[str, str]] = None, app_name: s
     from flowspark.spark.session import get_session
 
     check_master(master)
+    if quiet:
+        quiet_logs()
     settings = {"spark.app.name": app_name, **(conf or {})}
-    return get_session(master, settings)
+    spark = get_session(master, settings)
+    if quiet:
+        spark.sparkContext.setLogLevel("OFF")
+    return spark
+
+
+_LOG4J2 = """# Written by flowspark: keep Spark's console quiet (the flowspark CLI reports errors itself).
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+"""
+
+
+def quiet_logs(level: str = "off") -> Optional[Path]:
+    """Point `SPARK_CONF_DIR` at a directory whose `log4j2.properties` sets Spark's log level.
+
+    Does nothing when `SPARK_CONF_DIR` is already set (the user's configuration wins)
+    or a JVM is already running in this process.
+
+    Args:
+        level: log4j level (`off`, `error`, `warn`, `info`).
+
+    Returns:
+        The directory, or None when nothing was changed.
+    """
+    if os.environ.get("SPARK_CONF_DIR"):
+        return None
+    d = Path(tempfile.gettempdir()) / f"flowspark-spark-conf-{level}-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "log4j2.properties").write_text(_LOG4J2.format(level=level))
+    os.environ["SPARK_CONF_DIR"] = str(d)
+    return d
 
 
 _ROW_SCHEMA = "p int, k string, seq binary, v binary"
@@ -135,8 +137,9 @@ class Progress:
 
     Lines look like `flowspark: 12s stages 3/5 done (1 running, tasks 7/8) rows read 10,000 written 9,000`;
     stages are Spark stages of the jobs started since the reporter began. On a
-    terminal the line is redrawn in place. Nothing is printed for runs shorter
-    than `delay` seconds.
+    terminal the line is redrawn in place; elsewhere (a log file) a line is
+    printed when the counts change. Nothing is printed before a Spark stage
+    starts, nor for runs shorter than `delay` seconds.
 
     Args:
         spark: The SparkSession.
@@ -156,11 +159,17 @@ class Progress:
         self._start = 0.0
         self._printed = False
         self._tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self._last: dict[str, int] = {}
+        self._last_time = 0.0
+        #: Off a terminal, an unchanged line is repeated only after this many seconds.
+        self.quiet_repeat = 30.0
 
     def _stages(self) -> list[Any]:
         sc = self.spark.sparkContext
         store = sc._jsc.sc().statusStore()
-        seq = store.stageList(None, False, False, sc._gateway.new_array(sc._jvm.double, 0), sc._jvm.java.util.ArrayList())
+        seq = store.stageList(
+            None, False, False, sc._gateway.new_array(sc._jvm.double, 0), sc._jvm.java.util.ArrayList()
+        )
         return [seq.apply(i) for i in range(seq.size())]
 
     def snapshot(self) -> dict[str, int]:
@@ -210,9 +219,16 @@ class Progress:
 
     def _emit(self, final: bool = False) -> None:
         try:
-            text = self.line(self.snapshot(), time.monotonic() - self._start)
+            counts = self.snapshot()
         except Exception:  # noqa: BLE001 - progress must never break a run
             return
+        now = time.monotonic()
+        if not counts["stages"]:
+            return
+        if not self._tty and not final and counts == self._last and now - self._last_time < self.quiet_repeat:
+            return
+        self._last, self._last_time = counts, now
+        text = self.line(counts, now - self._start)
         if self._tty:
             self.stream.write("\r" + text + ("\n" if final else ""))
         else:
@@ -253,7 +269,7 @@ _JAVA_EXC = re.compile(r"(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error)(?::\
 
 
 def spark_error_line(err: BaseException) -> str:
-    """The one line of a Spark, Py4J or Java exception a user needs.
+    r"""The one line of a Spark, Py4J or Java exception a user needs.
 
     Args:
         err: The exception.
@@ -262,8 +278,8 @@ def spark_error_line(err: BaseException) -> str:
         Its first meaningful line, without Java class prefixes and stack frames.
 
     Example:
-        >>> e = RuntimeError("An error occurred while calling o12.load.\\n: java.io.FileNotFoundException: "
-        ...                  "/x (No such file)\\n\\tat java.base/java.io.FileInputStream.open0(Native Method)")
+        >>> e = RuntimeError("An error occurred while calling o12.load.\n: java.io.FileNotFoundException: "
+        ...                  "/x (No such file)\n\tat java.base/java.io.FileInputStream.open0(Native Method)")
         >>> spark_error_line(e)
         'FileNotFoundException: /x (No such file)'
     """
@@ -280,4 +296,3 @@ def spark_error_line(err: BaseException) -> str:
     if len(first) > 400:
         first = first[:397] + "..."
     return first
-

@@ -1,0 +1,379 @@
+"""The `flowspark` command line (also `python -m flowspark`).
+
+```
+flowspark run IMPORT_STR [--runtime local|spark] [--master URL] [--checkpoint DIR]
+                         [--trigger available_now|"N seconds"] [--conf key=value ...]
+flowspark plan IMPORT_STR [--format text|mermaid|json] [-r] [--spark [--no-physical]]
+flowspark submit IMPORT_STR --master spark://HOST:PORT [--archives env.tar.gz#environment]
+                            [--py-files a.zip,b.py] [--conf key=value ...] [--dry-run]
+```
+
+`IMPORT_STR` is `module[:attr]` or `path/file.py[:attr]` (see
+`flowspark._importstr`); `attr` defaults to `flow` and may be a factory call
+with literal arguments. `python -m flowspark.run` stays the Bytewax-style
+shortcut for the in-memory executor.
+
+`run` uses the in-memory executor unless `--runtime spark` is given (or any of
+`--master`, `--checkpoint`, `--trigger`, `--conf`, which only make sense on
+Spark). On Spark, a flow whose sources are all bounded runs as batch jobs and
+shows its progress on stderr; `--checkpoint` / `--trigger` or an unbounded
+source need the streaming runtime.
+
+Every problem with the command line or the flow's setup (a bad import string,
+a missing module or attribute, an object that is not a Dataflow, a flow Spark
+cannot run, an unreachable master) prints one line `flowspark: error: ...` on
+stderr and exits with 1; `--traceback` shows the Python traceback instead.
+A failure of the flow's own code on Spark prints the step id and the
+exception's type and message on one line, exit code 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from typing import Any, Optional
+
+__all__ = ["build_parser", "main", "to_text"]
+
+_PROG = "flowspark"
+
+
+class CliError(Exception):
+    """A problem to report on one line (exit code 1)."""
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split())
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        msg = f"{text!r} is not key=value (e.g. spark.sql.shuffle.partitions=4)"
+        raise argparse.ArgumentTypeError(msg)
+    return key.strip(), value
+
+
+def _trigger(text: str) -> str:
+    from flowspark.submit import parse_trigger
+
+    try:
+        parse_trigger(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the argument parser of the `flowspark` command.
+
+    Returns:
+        The parser.
+    """
+    from flowspark.run import _IMPORT_HELP
+
+    parser = argparse.ArgumentParser(prog=_PROG, description="Build, inspect and run flowspark dataflows.")
+    parser.add_argument("--traceback", action="store_true", help="show Python tracebacks instead of one-line errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run a dataflow (in memory, or on Spark)", description="Run a dataflow.")
+    run.add_argument("import_str", metavar="IMPORT_STR", help=_IMPORT_HELP)
+    run.add_argument(
+        "--runtime",
+        choices=["local", "spark"],
+        help="local: the in-memory executor (default); spark: Apache Spark",
+    )
+    run.add_argument("--master", metavar="URL", help="Spark master (default local[*]); implies --runtime spark")
+    run.add_argument("--checkpoint", metavar="DIR", help="streaming checkpoint directory (Spark streaming)")
+    run.add_argument(
+        "--trigger",
+        type=_trigger,
+        metavar="T",
+        help="streaming trigger: available_now (process what is there, then stop) or 'N seconds'",
+    )
+    run.add_argument(
+        "--conf",
+        type=_conf_pair,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Spark setting (repeatable)",
+    )
+    run.add_argument("--no-progress", action="store_true", help="do not print progress lines on stderr")
+    run.add_argument("--explain", action="store_true", help="print the compiled Spark plan before running")
+
+    plan = sub.add_parser("plan", help="print a dataflow's graph or its Spark plan", description="Print a plan.")
+    plan.add_argument("import_str", metavar="IMPORT_STR", help=_IMPORT_HELP)
+    plan.add_argument("--format", choices=["text", "mermaid", "json"], default="text", help="output format")
+    plan.add_argument("-r", "--recursive", action="store_true", help="show the core steps inside composite operators")
+    plan.add_argument(
+        "--spark",
+        action="store_true",
+        help="also compile for Spark: stages, fused steps, what each lowers to, and Spark's physical plan",
+    )
+    plan.add_argument(
+        "--no-physical", action="store_true", help="with --spark: skip Spark's physical plan (needs no session)"
+    )
+    plan.add_argument("--master", default="local[1]", metavar="URL", help="Spark master for the physical plan")
+
+    from flowspark.submit import add_submit_arguments
+
+    submit = sub.add_parser(
+        "submit",
+        help="package a dataflow and run it on a Spark cluster with spark-submit",
+        description="Package the dataflow's module or project, write a driver and run pyspark's spark-submit.",
+    )
+    submit.add_argument("import_str", metavar="IMPORT_STR", help=_IMPORT_HELP)
+    add_submit_arguments(submit)
+    return parser
+
+
+# -- plan -----------------------------------------------------------------------------------------
+
+
+def to_text(flow: Any, recursive: bool = False) -> str:
+    """Describe a dataflow's steps and where each one's input comes from, as indented text.
+
+    Args:
+        flow: The dataflow.
+        recursive: Show the core steps inside composite operators.
+
+    Returns:
+        The text.
+
+    Example:
+        >>> import flowspark.operators as op
+        >>> from flowspark.dataflow import Dataflow
+        >>> from flowspark.testing import TestingSource, TestingSink
+        >>> flow = Dataflow("eg")
+        >>> s = op.map("double", op.input("inp", flow, TestingSource([1])), lambda x: 2 * x)
+        >>> op.output("out", s, TestingSink([]))
+        >>> print(to_text(flow))
+        dataflow 'eg': 3 steps
+          eg.inp (input)
+          eg.double (map) <- eg.inp
+          eg.out (output) <- eg.double
+    """
+    from flowspark.visualize import _Model
+
+    model = _Model(flow, recursive)
+    src = {e.stream_id: (e.src, e.port) for e in model.edges}
+    lines = [f"dataflow {model.flow_id!r}: {len(model.steps)} steps"]
+
+    def origin(stream: str) -> str:
+        found = src.get(stream)
+        if found is None:
+            return stream
+        step, port = found
+        return step if port == "down" else f"{step}.{port}"
+
+    def emit(step: Any, depth: int) -> None:
+        pad = "  " * depth
+        core = f", core {step.core}" if recursive and step.core and step.core != step.op else ""
+        ups = [origin(u) for u in step.ups]
+        frm = f" <- {', '.join(ups)}" if ups else ""
+        lines.append(f"{pad}{step.step_id} ({step.op}{core}){frm}")
+        for s in step.substeps:
+            emit(s, depth + 1)
+
+    for step in model.steps:
+        emit(step, 1)
+    return "\n".join(lines)
+
+
+def _plan_json(plan: Any) -> dict[str, Any]:
+    return {
+        "stages": [
+            {
+                "stage": st.spec.stage_id,
+                "kind": st.kind,
+                "lowers_to": st.lowering(),
+                "steps": list(st.steps),
+                "inputs": [f"stage{s}.port{p}" for s, p, _ in st.inputs],
+                "ports": [{"stream": p.stream, "keyed_for": p.key_for} for p in st.spec.ports],
+            }
+            for st in plan.stages
+        ],
+        "sinks": [
+            {"step_id": sk.step_id, "sink": type(sk.sink).__name__, "where": sk.where, "from": list(sk.port)}
+            for sk in plan.sinks
+        ],
+        "inspects": [{"step_id": i.step_id, "from": list(i.port)} for i in plan.inspects],
+    }
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from flowspark.visualize import to_json, to_mermaid
+
+    flow = _load(args.import_str)
+    if not args.spark:
+        if args.format == "json":
+            print(to_json(flow, args.recursive))
+        elif args.format == "mermaid":
+            print(to_mermaid(flow, args.recursive))
+        else:
+            print(to_text(flow, args.recursive))
+        return 0
+    if args.format == "mermaid":
+        msg = "--spark prints the Spark plan as text or json; use --format text or --format json"
+        raise CliError(msg)
+    _need_pyspark("plan --spark")
+    from flowspark.spark.compiler import compile_flow
+
+    plan = compile_flow(flow)
+    physical: list[tuple[int, str]] = []
+    if not args.no_physical:
+        from flowspark.spark.tools import open_session, physical_plans
+
+        spark = open_session(args.master, {"spark.sql.shuffle.partitions": "2"}, app_name="flowspark plan")
+        physical = physical_plans(plan, spark)
+    if args.format == "json":
+        doc = {"dataflow": json.loads(to_json(flow, args.recursive)), "spark": _plan_json(plan)}
+        if not args.no_physical:
+            doc["spark"]["physical"] = {str(sid): text for sid, text in physical}
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(to_text(flow, args.recursive))
+    print()
+    print(plan)
+    for sid, text in physical:
+        print()
+        print(f"== stage {sid}: Spark physical plan ==")
+        print(text)
+    return 0
+
+
+# -- run ------------------------------------------------------------------------------------------
+
+
+def _need_pyspark(what: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("pyspark") is None:
+        msg = f"`flowspark {what}` needs pyspark; install it with `pip install 'flowspark[spark]'`"
+        raise CliError(msg)
+
+
+def _load(import_str: str) -> Any:
+    from flowspark._importstr import locate_dataflow
+
+    flow = locate_dataflow(import_str)
+    flow.validate()
+    return flow
+
+
+def _unbounded_inputs(flow: Any) -> list[str]:
+    from flowspark import ir
+
+    out = []
+    for node in flow.graph().nodes:
+        if isinstance(node, ir.Input):
+            bounded = getattr(node.source, "is_bounded", lambda: False)()
+            if not bounded:
+                out.append(node.step_id)
+    return out
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    spark_only = [f"--{name}" for name in ("master", "checkpoint", "trigger") if getattr(args, name) is not None] + (
+        ["--conf"] if args.conf else []
+    )
+    runtime = args.runtime or ("spark" if spark_only else "local")
+    if runtime == "local" and spark_only:
+        msg = f"{', '.join(spark_only)}: only for --runtime spark; drop them or use --runtime spark"
+        raise CliError(msg)
+    flow = _load(args.import_str)
+    if runtime == "local":
+        from flowspark.runtime.local import run_main
+
+        run_main(flow)
+        return 0
+    _need_pyspark("run --runtime spark")
+    conf = dict(args.conf)
+    unbounded = _unbounded_inputs(flow)
+    if args.checkpoint is not None or args.trigger is not None or unbounded:
+        return _run_streaming(flow, args, conf, unbounded)
+    from flowspark.spark import compile_flow, run
+    from flowspark.spark.tools import Progress, open_session
+
+    plan = compile_flow(flow)  # compile errors before starting a session
+    if args.explain:
+        print(plan)
+    spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}")
+    if args.no_progress:
+        run(flow, spark=spark)
+    else:
+        with Progress(spark):
+            run(flow, spark=spark)
+    return 0
+
+
+def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], unbounded: list[str]) -> int:
+    import importlib.util
+
+    if unbounded and importlib.util.find_spec("flowspark.spark.streaming") is None:
+        msg = (
+            f"source(s) {', '.join(map(repr, unbounded))} are unbounded, but this flowspark has no Spark "
+            "streaming runtime (flowspark.spark.streaming); use bounded sources or --runtime local"
+        )
+        raise CliError(msg)
+    from flowspark.submit import run_streaming
+
+    return run_streaming(flow, args, conf, unbounded)
+
+
+# -- main -----------------------------------------------------------------------------------------
+
+
+def _error_line(err: BaseException) -> Optional[str]:
+    """The one line to print for an error the CLI reports without a traceback, or None."""
+    from flowspark.errors import FlowsparkError
+
+    if isinstance(err, (CliError, FlowsparkError)):
+        return _one_line(err)
+    mod = type(err).__module__ or ""
+    if mod.startswith(("py4j", "pyspark")):
+        from flowspark.spark.tools import spark_error_line
+
+        return spark_error_line(err)
+    return None
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run the `flowspark` command line.
+
+    Args:
+        argv: Arguments (default: `sys.argv[1:]`).
+
+    Returns:
+        The exit code: 0 on success, 1 for an error, 130 when interrupted.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    commands = {"run": _cmd_run, "plan": _cmd_plan, "submit": _cmd_submit}
+    try:
+        return commands[args.command](args)
+    except KeyboardInterrupt:
+        print(f"{_PROG}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        line = _error_line(e)
+        if line is None or args.traceback:
+            if line is not None:
+                traceback.print_exc()
+                return 1
+            raise
+        print(f"{_PROG}: error: {line}", file=sys.stderr)
+        return 1
+
+
+def _cmd_submit(args: argparse.Namespace) -> int:
+    from flowspark.submit import submit
+
+    return submit(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
