@@ -91,6 +91,17 @@ def _pre(api: Api, i: int, s: Any, spec: tuple) -> Any:
         b = op.branch(f"{sid}_br", s, lambda kv: kv[0] < cut)
         trues = op.map_value(f"{sid}_t", b.trues, lambda v: v * 10)
         return op.merge(f"{sid}_m", trues, b.falses)
+    if kind == "filter_map_value":
+        c = spec[1]
+        return op.filter_map_value(sid, s, lambda v: None if v % c == 0 else v - c)
+    if kind == "enrich_cached":
+        c = spec[1]
+        vals = op.key_rm(f"{sid}_rm", s)
+        enriched = op.enrich_cached(f"{sid}_e", vals, lambda k: k * c, lambda cache, v: v + cache.get(v % 4))
+        return op.key_on(f"{sid}_on", enriched, lambda v: f"e{v % 3}")
+    if kind == "flatten":
+        vals = op.map(f"{sid}_pairs", s, lambda kv: [kv, (kv[0], kv[1] + 1)])
+        return op.flatten(f"{sid}_flat", vals)
     if kind == "branch_merge_value":
         # Split by value: a key's items are spread over both sides, so what comes out of the
         # merge depends on how the runtime interleaves them (bytewax: batch by batch).
@@ -117,6 +128,28 @@ def _sfm_mapper(every: int) -> Callable[[Any, int], tuple[Any, Any]]:
         return (None if n >= every else n), emits
 
     return mapper
+
+
+def _user_logic(api: Api, every: int) -> Callable[[Any], Any]:
+    """A user StatefulLogic: running list, discarded after `every` values, flushed at EOF."""
+
+    class Logic(api.op.StatefulLogic):  # type: ignore[name-defined,misc]
+        def __init__(self, resume: Any) -> None:
+            self.seen = list(resume or [])
+
+        def on_item(self, value: Any) -> Any:
+            self.seen.append(value)
+            if len(self.seen) >= every:
+                return [("full", tuple(self.seen))], self.DISCARD
+            return [("run", sum(self.seen))], self.RETAIN
+
+        def on_eof(self) -> Any:
+            return [("eof", tuple(self.seen))], self.RETAIN
+
+        def snapshot(self) -> Any:
+            return list(self.seen)
+
+    return Logic
 
 
 def _terminal(api: Api, s: Any, spec: tuple) -> Any:
@@ -146,6 +179,8 @@ def _terminal(api: Api, s: Any, spec: tuple) -> Any:
         return op.min_final("mn", s, by=lambda v: v % m)
     if kind == "collect":
         return op.collect("col", s, HOUR, max_size=spec[1])
+    if kind == "stateful":
+        return op.stateful("st", s, _user_logic(api, spec[1]))
     if kind == "join":
         _, insert_mode, emit_mode = spec
         # Both sides come from one input split by value parity, so a key's values land on
@@ -211,6 +246,9 @@ PRE = st.one_of(
     st.tuples(st.just("rekey"), st.integers(1, 3)),
     st.tuples(st.just("branch_merge"), st.sampled_from(["b", "c"])),
     st.tuples(st.just("branch_merge_value"), st.integers(2, 3)),
+    st.tuples(st.just("filter_map_value"), st.integers(2, 4)),
+    st.tuples(st.just("enrich_cached"), st.integers(1, 3)),
+    st.tuples(st.just("flatten"), st.just(0)),
 )
 TERMINAL = st.one_of(
     st.just(("none",)),
@@ -222,6 +260,7 @@ TERMINAL = st.one_of(
     st.tuples(st.just("max_final"), st.integers(2, 7)),
     st.tuples(st.just("min_final"), st.integers(2, 7)),
     st.tuples(st.just("collect"), st.integers(1, 4)),
+    st.tuples(st.just("stateful"), st.integers(1, 4)),
     st.tuples(
         st.just("join"),
         st.sampled_from(["first", "last", "product"]),
