@@ -455,8 +455,8 @@ def run_notify_flow(api: Api) -> tuple[dict[str, list[Any]], dict[str, list[Any]
     def pause(seconds: float) -> Any:
         return api.TestingSource.PAUSE(timedelta(seconds=seconds))
 
-    items = [("a", "arm"), ("b", 1), ("b", "arm"), pause(0.2), ("a", "x"), ("c", "arm"), ("c", "discard")]
-    items += [pause(0.1), ("c", "y")]
+    items = [("a", "arm"), ("b", 1), ("b", "arm"), pause(0.5), ("a", "x"), ("c", "arm"), ("c", "discard")]
+    items += [pause(0.3), ("c", "y")]
     flow = api.Dataflow("notify")
     s = api.op.input("inp", flow, api.TestingSource(items))
     logic_out: list[Any] = []
