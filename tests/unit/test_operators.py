@@ -1184,3 +1184,16 @@ def test_merge_of_two_sources_interleaves_source_batches():
     op.output("out", op.merge("m", a, b), TestingSink(out))
     run_main(flow)
     assert out == ["a0", "a1", "b0", "a2", "a3", "b1"]
+
+
+def test_on_eof_bad_return_shape_names_step():
+    class BadEof(_BadItem):
+        def on_item(self, value):
+            return [value], self.RETAIN
+
+        def on_eof(self):
+            return None
+
+    err = run_fails([("a", 1)], lambda s: op.stateful("st", s, BadEof))
+    assert "step 'f.st.stateful_batch': on_eof() must return a 2-tuple (emits, discard)" in str(err)
+    assert "for key 'a'" in str(err)
