@@ -21,7 +21,7 @@ from flowspark.spark.runtime import (
 )
 from flowspark.testing import TestingSource
 
-__all__ = ["run"]
+__all__ = ["run", "seq_column"]
 
 _ROW_SCHEMA = "p int, k string, seq binary, v binary"
 _IN_SCHEMA = "k string, seq binary, v binary"
@@ -110,13 +110,7 @@ class _Job:
         from pyspark.sql import functions as F  # noqa: N812
 
         df = self.dfs[stage].filter(F.col("p") == port)
-        if pad:  # a merge: the upstream's index after the source header, then padding
-            head = F.expr(f"substring(seq, 1, {HEAD_LEN})")
-            rest = F.expr(f"substring(seq, {HEAD_LEN + 1}, 1073741824)")
-            seq = F.concat(head, F.lit(pad[:4]), rest, F.lit(pad[4:]))
-        else:
-            seq = F.col("seq")
-        return df.select(F.col("k"), seq.alias("seq"), F.col("v"))
+        return df.select(F.col("k"), seq_column(pad).alias("seq"), F.col("v"))
 
     def stage_input(self, st: StagePlan) -> Any:
         if st.kind == "source":
@@ -286,6 +280,25 @@ class _Job:
                 df.unpersist()
             except Exception:  # noqa: BLE001,S110
                 pass
+
+
+def seq_column(pad: bytes) -> Any:
+    """The `seq` column of a port read by a stage, with a merge's `pad` applied.
+
+    Args:
+        pad: Empty, or (for an upstream of a merge) its 4-byte index, inserted after
+            the source header, then zero padding, appended (see `StagePlan.inputs`).
+
+    Returns:
+        A Spark Column.
+    """
+    from pyspark.sql import functions as F  # noqa: N812
+
+    if not pad:
+        return F.col("seq")
+    head = F.expr(f"substring(seq, 1, {HEAD_LEN})")
+    rest = F.expr(f"substring(seq, {HEAD_LEN + 1}, 1073741824)")
+    return F.concat(head, F.lit(pad[:4]), rest, F.lit(pad[4:]))
 
 
 def _not_dict(step_id: str, x: Any) -> FlowsparkTypeError:

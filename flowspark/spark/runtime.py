@@ -10,10 +10,11 @@ lexicographically) in the order the items must be processed. A source stamps
 appends one `>I` component (the index of the output among the outputs of its
 input item); a stateful step appends one component (the index of the emit
 among the emits caused by one input value). Emits at the end of a key
-(notifications due after the last value, then `on_eof`) replace the source
-index of the last value's sequence by `0xFFFFFFFF` and use indexes from
-`EOF_BASE` on, so they sort after every item emitted while input flowed, as
-they come last in the in-memory executor. A merge inserts the upstream's index
+(notifications due after the last value, then `on_eof`) take the sequence of
+the value the key's logic was built on, with the source index replaced by
+`0xFFFFFFFF`, and use indexes from `EOF_BASE` on: they sort after every item
+emitted while input flowed, and keys end in the order their logics were
+created, as in the in-memory executor. A merge inserts the upstream's index
 right after the 16-byte source header and pads the sequence to the longest
 upstream's length, so items derived from one source item come upstream by
 upstream, as in the in-memory executor's passes. All sequences of one stream
@@ -299,6 +300,9 @@ def _run_step(
     """Run one stateful step over one key's values; return (emits with sequences, logic or None)."""
     sid = step.step_id
     out: list[tuple[bytes, Any]] = []
+    # End-of-key emits sort by the sequence of the value the key's live logic was built
+    # on: the in-memory executor ends keys in the order their logics were created.
+    built = items[0][0] if items else b"\0" * HEAD_LEN
     if items and logic is None:
         logic = _build(step, key, None)
     if logic is not None and not _wants_notify(logic):
@@ -308,6 +312,7 @@ def _run_step(
             chunk = items[start : start + _KEY_CHUNK]
             if logic is None:
                 logic = _build(step, key, None)
+                built = chunk[0][0]
             res = logic.on_batch([v for _, v in chunk])
             if type(res) is tuple and len(res) == 2 and type(res[0]) is list:
                 ws, discard = res
@@ -319,7 +324,7 @@ def _run_step(
                     out.append((chunk[j if j < last else last][0] + idx(j), w))
             if discard:
                 logic = None
-        last_seq = _EOF_HEAD + items[-1][0][4:] if items else _EOF_HEAD
+        last_seq = _EOF_HEAD + built[4:]
         if eof and logic is not None:
             ws, discard = _emits(sid, key, logic.on_eof(), "on_eof()")
             for j, w in enumerate(ws):
@@ -333,6 +338,7 @@ def _run_step(
         last_fired = None
         if logic is None:
             logic = _build(step, key, None)
+            built = seq
         while logic is not None:
             at = _due(sid, key, logic, now, last_fired)
             if at is None:
@@ -346,6 +352,7 @@ def _run_step(
                 logic = None
         if logic is None:
             logic = _build(step, key, None)
+            built = seq
         ws, discard = _emits(sid, key, logic.on_batch([v]), "on_batch()/on_item()")
         for w in ws:
             out.append((seq + idx(n), w))
@@ -353,7 +360,7 @@ def _run_step(
         if discard:
             logic = None
     if eof and logic is not None:
-        last_seq = _EOF_HEAD + items[-1][0][4:] if items else _EOF_HEAD
+        last_seq = _EOF_HEAD + built[4:]
         n = EOF_BASE
         last_fired = None
         while logic is not None:
