@@ -205,7 +205,8 @@ class _OutputRt(_Rt):
         self.sink = sink
         try:
             if isinstance(sink, FixedPartitionedSink):
-                self.part_keys = list(sink.list_parts())
+                # `part_fn(key)` indexes the partitions in sorted order, as in Bytewax.
+                self.part_keys = sorted(sink.list_parts())
                 if not self.part_keys:
                     msg = f"step {self.step_id!r}: sink {type(sink).__name__}.list_parts() returned no partitions"
                     raise FlowsparkCompileError(msg)
