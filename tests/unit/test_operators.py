@@ -122,6 +122,51 @@ def test_output_sink_error_names_step():
     assert isinstance(info.value.__cause__, OSError)
 
 
+def _partitioned_sink(got: dict[str, list[Any]], parts: list[str]) -> Any:
+    from flowspark.outputs import FixedPartitionedSink, StatefulSinkPartition
+
+    class Part(StatefulSinkPartition):
+        def __init__(self, name, resume):
+            self.name = name
+            self.n = resume or 0
+
+        def write_batch(self, values):
+            self.n += len(values)
+            got.setdefault(self.name, []).extend(values)
+
+        def snapshot(self):
+            return self.n
+
+    class Sink(FixedPartitionedSink):
+        def list_parts(self):
+            return parts
+
+        def part_fn(self, item_key):
+            return int(item_key)
+
+        def build_part(self, step_id, for_part, resume_state):
+            return Part(for_part, resume_state)
+
+    return Sink()
+
+
+def test_partitioned_sink_routes_by_part_fn_over_sorted_partitions():
+    got: dict[str, list[Any]] = {}
+    flow = Dataflow("f")
+    s = op.input("inp", flow, TestingSource([("0", "v0"), ("1", "v1"), ("2", "v2"), ("4", "v4"), ("-1", "v-1")]))
+    op.output("out", s, _partitioned_sink(got, ["zz", "aa", "mm"]))
+    run_main(flow)
+    # Values only (keys dropped); index part_fn(key) wraps over ["aa", "mm", "zz"].
+    assert got == {"aa": ["v0"], "mm": ["v1", "v4"], "zz": ["v2", "v-1"]}
+
+
+def test_partitioned_sink_needs_keyed_items():
+    flow = Dataflow("f")
+    op.output("out", op.input("inp", flow, TestingSource(["x"])), _partitioned_sink({}, ["p"]))
+    with pytest.raises(FlowsparkTypeError, match=r"step 'f\.out'.*needs `\(str key, value\)` items"):
+        run_main(flow)
+
+
 # ---------------------------------------------------------------------------
 # inspect / inspect_debug
 # ---------------------------------------------------------------------------
