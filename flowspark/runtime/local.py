@@ -103,7 +103,7 @@ class _InputRt(_Rt):
         self.stateful = isinstance(src, FixedPartitionedSource)
         try:
             if isinstance(src, FixedPartitionedSource):
-                for key in src.list_parts():
+                for key in sorted(src.list_parts()):  # polled in sorted order, as in Bytewax
                     self.parts.append((key, src.build_part(self.step_id, key, resume.get(key))))
             elif isinstance(src, DynamicSource):
                 self.parts.append(("0", src.build(self.step_id, 0, 1)))
