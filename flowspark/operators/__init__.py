@@ -1171,8 +1171,7 @@ def stateful(
 def _check_logic(step_id: str, logic: Any) -> StatefulLogic[Any, Any, Any]:
     if not isinstance(logic, StatefulLogic):
         msg = (
-            f"step {step_id!r}: builder must return a StatefulLogic; returned {logic!r} of type "
-            f"{type(logic).__name__}"
+            f"step {step_id!r}: builder must return a StatefulLogic; returned {logic!r} of type {type(logic).__name__}"
         )
         raise FlowsparkTypeError(msg)
     return logic

@@ -278,9 +278,7 @@ def per_key(out: list[Any]) -> dict[str, list[Any]]:
     return res
 
 
-def assert_same(
-    items: list[Any], flow_spec: dict, batch_size: int, pause_after: frozenset[int] = frozenset()
-) -> None:
+def assert_same(items: list[Any], flow_spec: dict, batch_size: int, pause_after: frozenset[int] = frozenset()) -> None:
     want = run_flow(BYTEWAX, items, flow_spec, batch_size, pause_after)
     got = run_flow(FLOWSPARK, items, flow_spec, batch_size, pause_after)
     assert Counter(map(repr, got)) == Counter(map(repr, want)), (flow_spec, batch_size)

@@ -91,7 +91,7 @@ def test_non_str_step_id_fails_with_type_error(inp, bad):
     assert isinstance(info.value, TypeError)
     assert isinstance(info.value, FlowsparkError)
     assert "(operator 'map')" in str(info.value)
-    assert 'f.' in str(info.value)
+    assert "f." in str(info.value)
 
 
 @pytest.mark.parametrize(("bad", "err"), [("a.b", FlowsparkBuildError), ("", FlowsparkBuildError), (1, TypeError)])
