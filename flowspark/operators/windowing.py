@@ -21,6 +21,7 @@ all of a key's sessions closed, its next session is numbered from 0 again.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import dataclasses
 import time
@@ -1086,7 +1087,7 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
     Same results as `_WindowLogic` + `_FoldWindowLogic` (tests compare them): the
     clock and the windower are inlined, window accumulators live in one dict, the
     current tumbling window's bounds are cached (no division per value), and the
-    ordered queue is only sorted when more than one value is due at once.
+    ordered queue is kept sorted as values arrive (mostly an append).
     """
 
     __slots__ = (
@@ -1148,7 +1149,7 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
         else:
             self.sys_max, self.base, accs, queue = resume
             self.accs = dict(accs)
-            self.queue = list(queue)
+            self.queue = sorted(queue, key=_ts_key)
         self.qmin = min((ts for _v, ts in self.queue), default=UTC_MAX)
         self.cur_wid = 0
         self.cur_open = self.cur_close = UTC_MAX  # no cached window yet
@@ -1200,25 +1201,23 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
             accs[wid] = self.folder(acc, value)
 
     def _flush_due(self, wm: datetime) -> None:
+        # The queue is kept sorted by timestamp (ties in arrival order): apply its due head.
         queue = self.queue
-        if len(queue) == 1:  # the common case: the previous value became due
-            value, ts = queue[0]
-            self.queue = []
-            self.qmin = UTC_MAX
-            self._apply(value, ts)
-            return
-        due = [e for e in queue if e[1] <= wm]
-        rest = [e for e in queue if e[1] > wm]
-        due.sort(key=_ts_key)
-        self.queue = rest
-        self.qmin = min((ts for _v, ts in rest), default=UTC_MAX)
-        accs, folder, apply = self.accs, self.folder, self._apply
-        for value, ts in due:
-            if self.tumbling and self.cur_open <= ts < self.cur_close:
+        n = len(queue)
+        i = 0
+        accs, folder, apply, tumbling = self.accs, self.folder, self._apply, self.tumbling
+        while i < n:
+            value, ts = queue[i]
+            if ts > wm:
+                break
+            i += 1
+            if tumbling and self.cur_open <= ts < self.cur_close:
                 wid = self.cur_wid
                 accs[wid] = folder(accs[wid], value)
             else:
                 apply(value, ts)
+        del queue[:i]
+        self.qmin = queue[0][1] if queue else UTC_MAX
 
     def _close(self, wm: datetime, events: list[Any]) -> None:
         # Close windows oldest first while their close time has passed; few are open.
@@ -1306,7 +1305,11 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
                 for wid in self._ids(ts):
                     events.append((_L, wid, value))
             elif hold:
-                self.queue.append((value, ts))
+                queue = self.queue
+                if not queue or ts >= queue[-1][1]:
+                    queue.append((value, ts))
+                else:
+                    bisect.insort_right(queue, (value, ts), key=_ts_key)
                 if ts < self.qmin:
                     self.qmin = ts
             elif tumbling and self.cur_open <= ts < self.cur_close:
