@@ -52,8 +52,14 @@ def _action(fn: Callable[[], Any]) -> Any:
 
 
 def _testing_items(step_id: str, src: TestingSource) -> list[Any]:
+    raw = src.items
+    markers = {TestingSource.EOF, TestingSource.PAUSE, TestingSource.ABORT}
+    if isinstance(raw, list):
+        # Fast path: no marker (subclasses of the markers are not expected).
+        if not any(type(x) in markers for x in raw):
+            return raw
     items: list[Any] = []
-    for x in src.items:
+    for x in raw:
         if isinstance(x, TestingSource.EOF):
             break
         if isinstance(x, TestingSource.PAUSE):

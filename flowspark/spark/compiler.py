@@ -248,6 +248,7 @@ def compile_flow(flow: Any) -> Plan:
     stages: list[_Builder] = []
     loc: dict[str, _Builder] = {}
     depth: dict[str, int] = {}
+    level: dict[str, int] = {}  # stateful steps on the longest path from a source
     sinks: list[tuple[str, Any, str, str]] = []
     inspects: list[tuple[str, Any, str]] = []
     n_inputs = 0
@@ -265,6 +266,11 @@ def compile_flow(flow: Any) -> Plan:
         return b
 
     for node in ir.walk(graph):
+        up_level = max((level[u] for u in node.ups), default=0)
+        for d in node.downs:
+            level[d] = up_level + (1 if isinstance(node, ir.StatefulBatch) else 0)
+        if isinstance(node, ir.InspectDebug):
+            level[f"{node.step_id}.__inspected__"] = up_level
         match node:
             case ir.Input():
                 kind = _source_kind(node)
@@ -342,7 +348,7 @@ def compile_flow(flow: Any) -> Plan:
                     port(up, key_for=node.step_id)
                     b = new_stage("keyed", "rows", node.down)
                     b.inputs.append((up, b""))
-                b.chain.append(KeyedStep(node.step_id, node.builder))
+                b.chain.append(KeyedStep(node.step_id, node.builder, level[node.down]))
                 b.entry = node.down
                 b.steps.append(node.step_id)
                 loc[node.down] = b

@@ -10,11 +10,13 @@ lexicographically) in the order the items must be processed. A source stamps
 appends one `>I` component (the index of the output among the outputs of its
 input item); a stateful step appends one component (the index of the emit
 among the emits caused by one input value). Emits at the end of a key
-(notifications due after the last value, then `on_eof`) take the sequence of
-the value the key's logic was built on, with the source index replaced by
-`0xFFFFFFFF`, and use indexes from `EOF_BASE` on: they sort after every item
-emitted while input flowed, and keys end in the order their logics were
-created, as in the in-memory executor. A merge inserts the upstream's index
+(notifications due after the last value, then `on_eof`) get the header
+`EOF_HEADER + level` (`level`: the number of stateful steps on the longest path
+from a source to this step, so it is above every header the step's input can
+carry), then the header and position of the value the key's logic was built on
+(its partition field is dropped to keep the length), and indexes from
+`EOF_BASE` on: they sort after every item emitted while input flowed, and keys
+end in the order their logics were created, as in the in-memory executor. A merge inserts the upstream's index
 right after the 16-byte source header and pads the sequence to the longest
 upstream's length, so items derived from one source item come upstream by
 upstream, as in the in-memory executor's passes. All sequences of one stream
@@ -63,7 +65,8 @@ __all__ = [
 #: First emit index used for emits at the end of a key (notifications fired after
 #: the last value, then `on_eof`), so they sort after every other emit of the key.
 EOF_BASE = 1 << 31
-_EOF_HEAD = b"\xff\xff\xff\xff"
+#: Source-index field of end-of-key emits (plus the step's stateful level).
+EOF_HEADER = 0xFFFF0000
 #: Length of the source header of every sequence (`>IIQ`).
 HEAD_LEN = 16
 
@@ -197,10 +200,19 @@ class Op:
 
 @dataclass(frozen=True)
 class KeyedStep:
-    """One stateful step of a fused keyed chain."""
+    """One stateful step of a fused keyed chain.
+
+    `level`: the number of stateful steps on the longest path from a source to
+    this step (itself included); it orders end-of-key emits after their inputs.
+    """
 
     step_id: str
     builder: Callable[[Any], Any]
+    level: int = 1
+
+
+def _eof_seq(level: int, built: bytes) -> bytes:
+    return _PACK_I(EOF_HEADER + level) + built[:4] + built[8:]
 
 
 @dataclass(frozen=True)
@@ -324,7 +336,7 @@ def _run_step(
                     out.append((chunk[j if j < last else last][0] + idx(j), w))
             if discard:
                 logic = None
-        last_seq = _EOF_HEAD + built[4:]
+        last_seq = _eof_seq(step.level, built)
         if eof and logic is not None:
             ws, discard = _emits(sid, key, logic.on_eof(), "on_eof()")
             for j, w in enumerate(ws):
@@ -360,7 +372,7 @@ def _run_step(
         if discard:
             logic = None
     if eof and logic is not None:
-        last_seq = _EOF_HEAD + built[4:]
+        last_seq = _eof_seq(step.level, built)
         n = EOF_BASE
         last_fired = None
         while logic is not None:
