@@ -1,0 +1,176 @@
+"""The worker-side pieces without a SparkSession: per-key driver, sequences, error markers."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+import flowspark.operators as op
+from flowspark.dataflow import Dataflow
+from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError
+from flowspark.operators import StatefulLogic
+from flowspark.spark import run
+from flowspark.spark.runtime import (
+    KeyedStep,
+    StepFailure,
+    decode_task_error,
+    drive_key,
+    drive_sorted_rows,
+    encode_task_error,
+    source_seq,
+)
+from flowspark.testing import TestingSink, TestingSource
+
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+
+def seqs(n: int) -> list[bytes]:
+    return [source_seq(0, 0, i) for i in range(n)]
+
+
+class Sum(StatefulLogic):
+    def __init__(self, state):
+        self.total = state or 0
+
+    def on_item(self, value):
+        self.total += value
+        return [self.total], self.RETAIN
+
+    def on_eof(self):
+        return [("eof", self.total)], self.DISCARD
+
+    def snapshot(self):
+        return self.total
+
+
+def stateful_builder(cls):
+    flow = Dataflow("f")
+    s = op.stateful("st", op.input("inp", flow, TestingSource([])), cls)
+    op.output("out", s, TestingSink([]))
+    node = next(n for n in flow.graph().nodes if type(n).__name__ == "StatefulBatch")
+    return node.builder
+
+
+def test_drive_key_runs_values_in_order_then_eof():
+    step = KeyedStep("f.st", stateful_builder(Sum))
+    items = list(zip(seqs(3), [1, 2, 3], strict=True))
+    out, logics = drive_key("k", items, (step,), now=T0)
+    assert [v for _, v in out] == [1, 3, 6, ("eof", 6)]
+    assert [s for s, _ in out] == sorted(s for s, _ in out)
+    assert logics == [None]  # discarded by on_eof
+
+
+def test_drive_key_without_eof_keeps_the_logic_for_a_later_call():
+    step = KeyedStep("f.st", stateful_builder(Sum))
+    out, logics = drive_key("k", list(zip(seqs(2), [1, 2], strict=True)), (step,), now=T0, eof=False)
+    assert [v for _, v in out] == [1, 3]
+    out2, _ = drive_key("k", [(source_seq(0, 0, 5), 10)], (step,), logics, now=T0)
+    assert [v for _, v in out2] == [13, ("eof", 13)]
+
+
+class Timer(StatefulLogic):
+    """Arms a notification at the time given by each value (None disarms)."""
+
+    def __init__(self, state):
+        self.at = None
+        self.log = []
+
+    def on_item(self, value):
+        self.at = value
+        return [("item", value)], self.RETAIN
+
+    def on_notify(self):
+        fired, self.at = self.at, None
+        return [("notify", fired)], self.RETAIN
+
+    def on_eof(self):
+        return [("eof",)], self.DISCARD
+
+    def notify_at(self):
+        return self.at
+
+    def snapshot(self):
+        return self.at
+
+
+def test_notifications_fire_before_the_next_value_and_before_eof():
+    step = KeyedStep("f.t", stateful_builder(Timer))
+    past = T0 - timedelta(seconds=1)
+    future = T0 + timedelta(seconds=1)
+    items = list(zip(seqs(4), [past, future, None, past], strict=True))
+    out, _ = drive_key("k", items, (step,), now=T0)
+    assert [v for _, v in out] == [
+        ("item", past),
+        ("notify", past),  # due before the next value
+        ("item", future),  # never due: `now` stays T0
+        ("item", None),
+        ("item", past),
+        ("notify", past),  # due after the last value, before on_eof
+        ("eof",),
+    ]
+
+
+class Stuck(Timer):
+    def on_notify(self):
+        return [("notify",)], self.RETAIN  # leaves notify_at() unchanged
+
+
+def test_a_notification_that_does_not_move_fires_once_per_point():
+    step = KeyedStep("f.t", stateful_builder(Stuck))
+    past = T0 - timedelta(seconds=1)
+    out, _ = drive_key("k", list(zip(seqs(2), [past, past], strict=True)), (step,), now=T0)
+    assert [v for _, v in out] == [("item", past), ("notify",), ("item", past), ("notify",), ("eof",)]
+
+
+def test_chain_of_steps_and_sorted_rows():
+    step1 = KeyedStep("f.a", stateful_builder(Sum))
+    step2 = KeyedStep("f.b", stateful_builder(Sum), level=2)
+    rows = [("a", s, v) for s, v in zip(seqs(2), [1, 2], strict=True)] + [("b", source_seq(0, 0, 9), 5)]
+    got = dict(drive_sorted_rows(rows, (step1,), now=T0))
+    assert [v for _, v in got["a"]] == [1, 3, ("eof", 3)]
+    assert [v for _, v in got["b"]] == [5, ("eof", 5)]
+    # step2 sums the running sums of step1; the ("eof", ...) tuple reaches its on_item.
+    with pytest.raises(StepFailure) as ei:
+        drive_key("a", list(zip(seqs(2), [1, 2], strict=True)), (step1, step2), now=T0)
+    assert ei.value.step_id == "f.b"
+    assert isinstance(ei.value.error, TypeError)
+
+
+def test_end_of_key_emits_sort_after_the_key_values_and_by_key_creation():
+    step = KeyedStep("f.st", stateful_builder(Sum))
+    a, _ = drive_key("a", [(source_seq(0, 0, 1), 1), (source_seq(0, 0, 7), 1)], (step,), now=T0)
+    b, _ = drive_key("b", [(source_seq(0, 0, 3), 1)], (step,), now=T0)
+    eof_a, eof_b = a[-1][0], b[-1][0]
+    assert eof_a > a[-2][0]
+    assert eof_a < eof_b  # "a" was created first (position 1 < 3)
+    assert eof_a > source_seq(2**16, 0, 0)  # after any regular item
+
+
+def test_error_marker_round_trip():
+    fail = StepFailure("f.step", ZeroDivisionError("division by zero"))
+    text = "py4j.protocol.Py4JJavaError: ... " + encode_task_error(fail) + " ... at org.apache.spark"
+    err = decode_task_error(text)
+    assert isinstance(err, FlowsparkRuntimeError)
+    assert err.step_id == "f.step"
+    assert str(err) == "error in step 'f.step': ZeroDivisionError: division by zero"
+    assert isinstance(err.__cause__, ZeroDivisionError)
+    assert decode_task_error("no marker here") is None
+
+
+def test_unpicklable_exception_still_carries_type_and_message():
+    class Local(Exception):  # a local class cannot be unpickled at the driver
+        pass
+
+    err = decode_task_error(encode_task_error(StepFailure("f.s", Local("boom"))))
+    assert err is not None
+    assert err.exc_type == "Local"
+    assert err.exc_message == "boom"
+    assert "f.s" in str(err)
+
+
+def test_run_needs_an_aware_start_time():
+    flow = Dataflow("f")
+    op.output("out", op.input("inp", flow, TestingSource([1])), TestingSink([]))
+    with pytest.raises(FlowsparkTypeError, match="start_time must be an aware datetime"):
+        run(flow, start_time=datetime(2024, 1, 1))
