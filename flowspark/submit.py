@@ -374,30 +374,57 @@ def submit(args: argparse.Namespace) -> int:
     return _run_spark_submit(cmd, work / "spark-submit.log")
 
 
-_PASS = re.compile(r"^(flowspark:|Traceback |  File |    |\w+(Error|Exception|Interrupt)\b)")
+_PASS = re.compile(r"^(Traceback |  File |    |\w+(Error|Exception|Interrupt)\b)")
 _LOG4J = re.compile(r"^\d\d/\d\d/\d\d \d\d:\d\d:\d\d (ERROR|WARN|INFO)|^\s+at |^Caused by:")
 
 
 def _run_spark_submit(cmd: list[str], log_path: Path) -> int:
+    """Run spark-submit; keep its log in `log_path`, show the flow's output and `flowspark:` lines.
+
+    spark-submit merges the Python driver's stderr into its stdout, so `flowspark:`
+    lines (progress, errors) arrive on stdout: they go to our stderr, the rest of
+    stdout (the flow's own output) to our stdout. spark-submit's stderr (the JVM's
+    log) goes to the log file; only Python tracebacks in it are shown.
+    """
+    import threading
+
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
-    shown_error = False
-    last_error = ""
+    state = {"shown_error": False, "last_error": ""}
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        assert proc.stdout is not None
         assert proc.stderr is not None
-        try:
+        lock = threading.Lock()
+
+        def pump_err() -> None:
+            assert proc.stderr is not None
             for line in proc.stderr:
-                log.write(line)
+                with lock:
+                    log.write(line)
                 if _LOG4J.match(line):
                     if " ERROR " in line[:30]:
-                        last_error = line.strip()
+                        state["last_error"] = line.strip()
                     continue
                 if _PASS.match(line):
-                    shown_error |= line.startswith("flowspark: error")
                     sys.stderr.write(line)
                     sys.stderr.flush()
+
+        t = threading.Thread(target=pump_err, daemon=True)
+        t.start()
+        try:
+            for line in proc.stdout:
+                if line.startswith("flowspark:"):
+                    state["shown_error"] = state["shown_error"] or line.startswith("flowspark: error")
+                    with lock:
+                        log.write(line)
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+                else:
+                    sys.stdout.write(line)
+                    sys.stdout.flush()
             code = proc.wait()
+            t.join(timeout=30)
         except KeyboardInterrupt:
             proc.terminate()
             try:
@@ -405,8 +432,8 @@ def _run_spark_submit(cmd: list[str], log_path: Path) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
             raise
-    if code != 0 and not shown_error:
-        why = " ".join(last_error.split()[4:]) or "see the log"
+    if code != 0 and not state["shown_error"]:
+        why = " ".join(str(state["last_error"]).split()[4:]) or "see the log"
         print(
             f"flowspark: error: spark-submit failed (exit code {code}): {why[:300]}; full log: {log_path}",
             file=sys.stderr,

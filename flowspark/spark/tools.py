@@ -268,6 +268,33 @@ class Progress:
 _JAVA_EXC = re.compile(r"(?:[a-z_$][\w$]*\.)+[A-Z][\w$]*(?:Exception|Error)(?::\s*)?")
 
 
+_PY_EXC = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning))(?::\s*(.*))?$")
+
+
+def _python_worker_error(text: str) -> Optional[str]:
+    """The exception line of the first Python traceback in `text` (a Python worker's failure), or None."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.strip().startswith("Traceback (most recent call last)")), None)
+    if start is None:
+        return None
+    for ln in lines[start + 1 :]:
+        s = ln.strip()
+        if ln.startswith((" ", "\t")) or not s:
+            continue
+        m = _PY_EXC.match(s)
+        if m:
+            name = m.group(1).rsplit(".", 1)[-1]
+            msg = (m.group(2) or "").strip()
+            line = f"a Spark Python worker failed: {name}: {msg}" if msg else f"a Spark Python worker failed: {name}"
+            if name == "ModuleNotFoundError":
+                line += (
+                    "; the workers cannot import the flow's code: use `flowspark submit` (ships it) or put its "
+                    "directory on PYTHONPATH for the workers"
+                )
+            return line
+    return None
+
+
 def spark_error_line(err: BaseException) -> str:
     r"""The one line of a Spark, Py4J or Java exception a user needs.
 
@@ -282,17 +309,25 @@ def spark_error_line(err: BaseException) -> str:
         ...                  "/x (No such file)\n\tat java.base/java.io.FileInputStream.open0(Native Method)")
         >>> spark_error_line(e)
         'FileNotFoundException: /x (No such file)'
+        >>> e = RuntimeError("An exception was thrown from the Python worker:\nTraceback (most recent call last):\n"
+        ...                  '  File "w.py", line 3, in f\nModuleNotFoundError: No module named \'flows\'\n')
+        >>> spark_error_line(e)[:74]
+        "a Spark Python worker failed: ModuleNotFoundError: No module named 'flows'"
     """
     text = str(err)
-    lines = [ln.strip() for ln in text.splitlines()]
-    lines = [ln.lstrip(": ").strip() for ln in lines if ln and not ln.startswith("at ")]
-    lines = [ln for ln in lines if not ln.startswith("An error occurred while calling")]
-    first = lines[0] if lines else type(err).__name__
-    m = _JAVA_EXC.match(first)
-    if m:
-        cls = m.group(0).rstrip(": ").rsplit(".", 1)[-1]
-        rest = first[m.end() :].strip()
-        first = f"{cls}: {rest}" if rest else cls
+    py = _python_worker_error(text)
+    if py is not None:
+        first = py
+    else:
+        lines = [ln.strip() for ln in text.splitlines()]
+        lines = [ln.lstrip(": ").strip() for ln in lines if ln and not ln.startswith("at ")]
+        lines = [ln for ln in lines if not ln.startswith("An error occurred while calling")]
+        first = lines[0] if lines else type(err).__name__
+        m = _JAVA_EXC.match(first)
+        if m:
+            cls = m.group(0).rstrip(": ").rsplit(".", 1)[-1]
+            rest = first[m.end() :].strip()
+            first = f"{cls}: {rest}" if rest else cls
     if len(first) > 400:
         first = first[:397] + "..."
     return first
