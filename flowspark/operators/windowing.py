@@ -14,9 +14,12 @@ would have belonged to, and never into a window. Every operator returns
 
 State is released as soon as it is no longer needed: a closed window's state is
 dropped, and a key with no open window and no queued value holds no state at
-all (its logic is discarded; the next value for the key starts afresh). One
-consequence differs from Bytewax, which keeps every session key forever: after
-all of a key's sessions closed, its next session is numbered from 0 again.
+all (its logic is discarded; the next value for the key starts afresh, with a new
+clock). As in Bytewax for tumbling and sliding windows, a released key's
+watermark is forgotten: an old value arriving after that opens a window again
+instead of being late. For sessions this differs from Bytewax, which keeps every
+session key forever: after all of a key's sessions closed, its next session is
+numbered from 0 again.
 """
 
 from __future__ import annotations
