@@ -331,9 +331,14 @@ def _run_step(
             else:
                 ws, discard = _emits(sid, key, res, "on_batch()/on_item()")
             if ws:
-                last = len(chunk) - 1
-                for j, w in enumerate(ws):
-                    out.append((chunk[j if j < last else last][0] + idx(j), w))
+                nw, nc = len(ws), len(chunk)
+                if nw <= nc and nw <= len(_IDX_CACHE):
+                    ic = _IDX_CACHE
+                    out.extend([(chunk[j][0] + ic[j], w) for j, w in enumerate(ws)])
+                else:
+                    last = nc - 1
+                    for j, w in enumerate(ws):
+                        out.append((chunk[j if j < last else last][0] + idx(j), w))
             if discard:
                 logic = None
         last_seq = _eof_seq(step.level, built)
