@@ -56,7 +56,6 @@ from flowspark.errors import (
 )
 from flowspark.inputs import DynamicSource, FixedPartitionedSource
 from flowspark.operators import StatefulBatchLogic, StatefulLogic, _StatefulLogic
-from flowspark.outputs import DynamicSink, FixedPartitionedSink
 from flowspark.spark.compiler import Plan, StagePlan, compile_flow
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink
@@ -66,7 +65,6 @@ from flowspark.spark.runtime import (
     StepFailure,
     decode_task_error,
     drive_key,
-    dumps,
     encode_task_error,
     idx,
     loads,
@@ -448,7 +446,9 @@ def _check_meta(checkpoint: str, flow_id: str, buckets: int, steps: list[str]) -
     return buckets
 
 
-def _per_call_stage(spec: StageSpec, clock: Optional[Callable[[], datetime]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def _per_call_stage(
+    spec: StageSpec, clock: Optional[Callable[[], datetime]]
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """A stage function whose logical `now` is read when each task starts."""
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
@@ -492,6 +492,7 @@ class StreamingRun:
 
     # -- building ---------------------------------------------------------------
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
+        """Return the `(k, seq, v)` rows of one port of a stage (with `pad` appended to `seq`)."""
         from pyspark.sql import functions as F  # noqa: N812
 
         df = self.dfs[stage].filter(F.col("p") == port)
@@ -499,6 +500,7 @@ class StreamingRun:
         return df.select(F.col("k"), seq.alias("seq"), F.col("v"))
 
     def source_df(self, st: StagePlan) -> Any:
+        """Return the streaming DataFrame a source stage reads."""
         spec = st.spec
         src = st.source
         if isinstance(src, SparkSource):
@@ -514,6 +516,7 @@ class StreamingRun:
         return self.spark.readStream.format(pysource.FORMAT).options(**opts).load()
 
     def build(self) -> Any:
+        """Build every stage's streaming DataFrame; return the last one."""
         from pyspark.sql import functions as F  # noqa: N812
 
         for st in self.plan.stages:
@@ -556,6 +559,7 @@ class StreamingRun:
         return None
 
     def start(self, trigger: Optional[str]) -> Any:
+        """Build the query and start it with `trigger`; return the `StreamingQuery`."""
         from pyspark.sql import functions as F  # noqa: N812
 
         self.build()
@@ -676,6 +680,7 @@ class StreamingRun:
             raise _fail(sk.step_id, e) from e
 
     def close_sinks(self) -> None:
+        """Close the sink partitions opened at the driver."""
         for part in self._sink_parts.values():
             for p in part[1] if isinstance(part, tuple) else [part]:
                 try:
@@ -758,14 +763,26 @@ def _make_listener(spark: Any, on_progress: Callable[[dict[str, Any]], None], na
     return lst
 
 
-def _stop_between_batches(query: Any, timeout: float = 120.0) -> None:
-    """Stop `query` when no trigger is running (stopping mid-batch can fail in Spark 4.3)."""
+def _stop_between_batches(query: Any, timeout: float = 60.0) -> None:
+    """Stop `query` between micro-batches (stopping mid-batch can fail in Spark 4.3).
+
+    Waits until no trigger is running, or, when micro-batches run back to back (no-data
+    batches for timeouts), until one just finished, and stops then.
+    """
     deadline = time.monotonic() + timeout
+    last = query.lastProgress
+    first = last["batchId"] if last else None
     while query.isActive and time.monotonic() < deadline:
         if not query.status.get("isTriggerActive", False):
             break
-        time.sleep(0.005)
-    query.stop()
+        last = query.lastProgress
+        if last is not None and last["batchId"] != first:
+            break
+        time.sleep(0.002)
+    try:
+        query.stop()
+    except Exception:  # noqa: BLE001,S110
+        pass
 
 
 def run_streaming(
@@ -884,16 +901,12 @@ def _wait(sr: StreamingRun, query: Any, lst: _Listener, trigger: Optional[str], 
         old = signal.signal(signal.SIGINT, on_int)
     try:
         if trigger == "available_now":
-            try:
-                query.processAllAvailable()
-            except Exception as e:  # noqa: BLE001
-                _raise_query_error(sr, e)
-            # One more micro-batch after catching up fires the notifications that are due.
-            last = query.lastProgress
-            target = (last["batchId"] if last else -1) + 1
+            # With processing-time timeouts Spark runs no-data micro-batches forever, so the
+            # query is stopped here: after the first micro-batch that read no rows (all data
+            # read; that batch also fired the notifications due in idle buckets).
             while query.isActive and not interrupted:
                 last = query.lastProgress
-                if last is not None and last["batchId"] >= target:
+                if last is not None and last["numInputRows"] == 0:
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     break

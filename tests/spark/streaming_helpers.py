@@ -1,0 +1,110 @@
+"""Sources and logics shared by the streaming tests (module level: pickled by reference)."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timedelta, timezone
+from typing import Any, Optional
+
+from flowspark.inputs import FixedPartitionedSource, StatefulSourcePartition
+from flowspark.operators import StatefulLogic
+
+
+class _DirPart(StatefulSourcePartition):
+    def __init__(self, path: str, pos: Optional[tuple[int, int]], batch: int) -> None:
+        self.path = path
+        self.file_no, self.line_no = pos or (0, 0)
+        self.batch = batch
+
+    def _files(self) -> list[str]:
+        return sorted(f for f in os.listdir(self.path) if f.endswith(".jsonl"))
+
+    def next_batch(self) -> list[Any]:
+        files = self._files()
+        if self.file_no >= len(files):
+            return []
+        with open(os.path.join(self.path, files[self.file_no])) as f:
+            lines = f.read().splitlines()
+        out = [json.loads(x) for x in lines[self.line_no : self.line_no + self.batch]]
+        self.line_no += len(out)
+        if self.line_no >= len(lines):
+            self.file_no += 1
+            self.line_no = 0
+        return out
+
+    def snapshot(self) -> tuple[int, int]:
+        return (self.file_no, self.line_no)
+
+
+class JsonlDirSource(FixedPartitionedSource):
+    """Unbounded: every `<part>/*.jsonl` file, in name order; new files are picked up later."""
+
+    def __init__(self, root: str, parts: list[str], batch: int = 100) -> None:
+        self.root = root
+        self.parts = parts
+        self.batch = batch
+
+    def list_parts(self) -> list[str]:
+        return list(self.parts)
+
+    def build_part(self, step_id: str, for_part: str, resume_state: Any) -> _DirPart:
+        return _DirPart(os.path.join(self.root, for_part), resume_state, self.batch)
+
+
+def write_jsonl(path: str, rows: list[Any]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+
+
+def count_mapper(state: Optional[int], _value: Any) -> tuple[int, int]:
+    n = (state or 0) + 1
+    return n, n
+
+
+class FileClock:
+    """A clock the workers read from a file the test writes (an injected clock; no sleeping)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def set(self, t: datetime) -> None:
+        with open(self.path + ".tmp", "w") as f:
+            f.write(t.isoformat())
+        os.replace(self.path + ".tmp", self.path)
+
+    def __call__(self) -> datetime:
+        with open(self.path) as f:
+            return datetime.fromisoformat(f.read().strip())
+
+
+class ActiveUser(StatefulLogic):
+    """Counts a user's events in a session; emits ("ended", count) after `idle` without events."""
+
+    IDLE = timedelta(minutes=30)
+
+    def __init__(self, state: Optional[tuple[int, datetime]]) -> None:
+        self.count, self.last = state if state is not None else (0, None)
+
+    def on_item(self, value: Any) -> tuple[list[Any], bool]:
+        from flowspark._time import utc_now
+
+        self.count += 1
+        self.last = utc_now()
+        return [("active", self.count)], StatefulLogic.RETAIN
+
+    def on_notify(self) -> tuple[list[Any], bool]:
+        return [("ended", self.count)], StatefulLogic.DISCARD
+
+    def notify_at(self) -> Optional[datetime]:
+        return self.last + self.IDLE if self.last is not None else None
+
+    def snapshot(self) -> tuple[int, datetime]:
+        return (self.count, self.last)
+
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
