@@ -6,6 +6,7 @@ flowspark run IMPORT_STR [--runtime local|spark] [--master URL] [--checkpoint DI
 flowspark plan IMPORT_STR [--format text|mermaid|json] [-r] [--spark [--no-physical]]
 flowspark submit IMPORT_STR --master spark://HOST:PORT [--archives env.tar.gz#environment]
                             [--py-files a.zip,b.py] [--conf key=value ...] [--dry-run]
+flowspark state CHECKPOINT [--step STEP_ID] [--key KEY] [--batch-id N] [--format text|json]
 ```
 
 `IMPORT_STR` is `module[:attr]` or `path/file.py[:attr]` (see
@@ -101,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="Spark setting (repeatable)",
     )
+    run.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECS",
+        help="streaming: stop after SECS seconds, between micro-batches (default: run until stopped)",
+    )
     run.add_argument("--no-progress", action="store_true", help="do not print progress lines on stderr")
     run.add_argument("--explain", action="store_true", help="print the compiled Spark plan before running")
 
@@ -127,6 +134,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     submit.add_argument("import_str", metavar="IMPORT_STR", help=_IMPORT_HELP)
     add_submit_arguments(submit)
+
+    state = sub.add_parser(
+        "state",
+        help="print the per-key state of a streaming checkpoint",
+        description="Read a streaming checkpoint's state with Spark's statestore reader; print each key's snapshot.",
+    )
+    state.add_argument("checkpoint", metavar="CHECKPOINT", help="the --checkpoint DIR of a streaming run")
+    state.add_argument("--step", metavar="STEP_ID", help="only this stateful step (full id, or the operator's id)")
+    state.add_argument("--key", metavar="KEY", help="only this key")
+    state.add_argument("--batch-id", type=int, metavar="N", help="state as of micro-batch N (default: the last)")
+    state.add_argument("--format", choices=["text", "json"], default="text", help="output format")
+    state.add_argument("--master", default="local[1]", metavar="URL", help="Spark master used to read the state")
     return parser
 
 
@@ -277,9 +296,9 @@ def _unbounded_inputs(flow: Any) -> list[str]:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    spark_only = [f"--{name}" for name in ("master", "checkpoint", "trigger") if getattr(args, name) is not None] + (
-        ["--conf"] if args.conf else []
-    )
+    spark_only = [
+        f"--{name}" for name in ("master", "checkpoint", "trigger", "timeout") if getattr(args, name) is not None
+    ] + (["--conf"] if args.conf else [])
     runtime = args.runtime or ("spark" if spark_only else "local")
     if runtime == "local" and spark_only:
         msg = f"{', '.join(spark_only)}: only for --runtime spark; drop them or use --runtime spark"
@@ -293,7 +312,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _need_pyspark("run --runtime spark")
     conf = dict(args.conf)
     unbounded = _unbounded_inputs(flow)
-    if args.checkpoint is not None or args.trigger is not None or unbounded:
+    if args.checkpoint is not None or args.trigger is not None or args.timeout is not None or unbounded:
         return _run_streaming(flow, args, conf, unbounded)
     from flowspark.spark import compile_flow, run
     from flowspark.spark.tools import Progress, open_session
@@ -352,7 +371,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(argv)
-    commands = {"run": _cmd_run, "plan": _cmd_plan, "submit": _cmd_submit}
+    commands = {"run": _cmd_run, "plan": _cmd_plan, "submit": _cmd_submit, "state": _cmd_state}
     try:
         return commands[args.command](args)
     except KeyboardInterrupt:
@@ -367,6 +386,80 @@ def main(argv: Optional[list[str]] = None) -> int:
             raise
         print(f"{_PROG}: error: {line}", file=sys.stderr)
         return 1
+
+
+def _pick_steps(steps: list[str], want: Optional[str], checkpoint: str) -> list[int]:
+    if want is None:
+        return list(range(len(steps)))
+    for rule in (lambda s: s == want, lambda s: s.startswith(want + "."), lambda s: ("." + want + ".") in f".{s}."):
+        hits = [i for i, s in enumerate(steps) if rule(s)]
+        if len(hits) == 1:
+            return hits
+    msg = f"checkpoint {checkpoint!r} has no single stateful step {want!r}; its stateful steps are {', '.join(steps)}"
+    raise CliError(msg)
+
+
+def _cmd_state(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if not Path(args.checkpoint, "flowspark.json").is_file():
+        what = "does not exist" if not Path(args.checkpoint).exists() else "has no flowspark.json"
+        msg = (
+            f"{args.checkpoint!r} {what}, so it is not a flowspark streaming checkpoint; give the --checkpoint DIR "
+            "of a `flowspark run` streaming run"
+        )
+        raise CliError(msg)
+    meta = json.loads(Path(args.checkpoint, "flowspark.json").read_text())
+    steps = list(meta.get("stateful_steps") or [])
+    picked = _pick_steps(steps, args.step, args.checkpoint)
+    _need_pyspark("state")
+    from flowspark.spark.tools import open_session, read_state
+
+    spark = open_session(args.master, {"spark.sql.shuffle.partitions": "1"}, app_name="flowspark state")
+    meta, table = read_state(spark, args.checkpoint, args.batch_id)
+    keys = sorted(table) if args.key is None else [k for k in (args.key,) if k in table]
+    records = []
+    for key in keys:
+        snaps, notify_at = table[key]
+        for i in picked:
+            if snaps[i] is None:
+                continue
+            records.append((steps[i], key, snaps[i][0], notify_at))
+    if args.format == "json":
+        doc = {
+            "flow_id": meta.get("flow_id"),
+            "buckets": meta.get("buckets"),
+            "stateful_steps": steps,
+            "state": [
+                {
+                    "step_id": step,
+                    "key": key,
+                    "snapshot": _jsonable(snap),
+                    "notify_at": at.isoformat() if at is not None else None,
+                }
+                for step, key, snap, at in records
+            ],
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(
+        f"checkpoint {args.checkpoint}: dataflow {meta.get('flow_id')!r}, {meta.get('buckets')} buckets, "
+        f"{len(table)} keys with state"
+    )
+    for step, key, snap, at in records:
+        when = f"  (next notification {at.isoformat()})" if at is not None else ""
+        print(f"{step} {key!r}: {snap!r}{when}")
+    if args.key is not None and not keys:
+        print(f"no state for key {args.key!r}")
+    return 0
+
+
+def _jsonable(x: Any) -> Any:
+    try:
+        json.dumps(x)
+    except (TypeError, ValueError):
+        return repr(x)
+    return x
 
 
 def _cmd_submit(args: argparse.Namespace) -> int:

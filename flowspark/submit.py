@@ -190,6 +190,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--name", help="application name (default: flowspark <flow id>)")
     parser.add_argument("--checkpoint", metavar="DIR", help="streaming checkpoint directory (passed to the driver)")
     parser.add_argument("--trigger", type=_trigger, metavar="T", help="streaming trigger (passed to the driver)")
+    parser.add_argument("--timeout", type=float, metavar="SECS", help="streaming: stop after SECS seconds")
     parser.add_argument(
         "--work-dir", metavar="DIR", help="where to write the zip, driver and log (default: a new temp dir)"
     )
@@ -333,8 +334,11 @@ def submit(args: argparse.Namespace) -> int:
     flow = locate_dataflow(args.import_str)
     flow.validate()
     from flowspark.spark.compiler import compile_flow
+    from flowspark.spark.streaming import compile_streaming, is_streaming
 
-    if args.checkpoint is None and args.trigger is None:
+    if is_streaming(flow):
+        compile_streaming(flow)
+    else:
         compile_flow(flow)
     exe = spark_submit_path()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="flowspark-submit-"))
@@ -354,6 +358,8 @@ def submit(args: argparse.Namespace) -> int:
         driver_argv += ["--checkpoint", str(Path(args.checkpoint).resolve())]
     if args.trigger is not None:
         driver_argv += ["--trigger", args.trigger]
+    if args.timeout is not None:
+        driver_argv += ["--timeout", str(args.timeout)]
     driver = work / "flowspark_driver.py"
     driver.write_text(_DRIVER.format(argv=driver_argv))
     alias = _archive_alias(args.archives)
@@ -461,7 +467,7 @@ def run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], unb
     """
     if not unbounded:
         msg = (
-            "--checkpoint/--trigger apply to flows with an unbounded source; every source of this flow is "
+            "--checkpoint/--trigger/--timeout apply to flows with an unbounded source; every source of this flow is "
             "bounded, so it runs as a Spark batch job: drop them"
         )
         raise SubmitError(msg)
@@ -487,5 +493,6 @@ def run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], unb
         trigger=trigger,
         progress=progress,
         explain=args.explain,
+        timeout=args.timeout,
     )
     return 0

@@ -7,6 +7,7 @@
 - `Progress`: a background reporter of a bounded run's progress (stages and
   tasks done, rows read and written) from Spark's status store.
 - `spark_error_line`: the one line worth showing of a Spark / Py4J exception.
+- `read_state`: the per-key state of a streaming checkpoint (`flowspark state`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "open_session",
     "physical_plans",
     "quiet_logs",
+    "read_state",
     "spark_error_line",
 ]
 
@@ -331,3 +333,76 @@ def spark_error_line(err: BaseException) -> str:
     if len(first) > 400:
         first = first[:397] + "..."
     return first
+
+
+def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Read the keyed state of a streaming checkpoint with Spark's `statestore` reader.
+
+    The checkpoint must have been written by `flowspark.spark.streaming`: its
+    `flowspark.json` names the flow and the chain of stateful steps, and the
+    state store of Spark's checkpoint (`<checkpoint>/query`) holds one row per bucket whose value is the pickled
+    `{key: (snapshots, notify_at)}` (`snapshots[i]` is `None` or `(snapshot,)`
+    for the i-th stateful step).
+
+    Args:
+        spark: The SparkSession.
+        checkpoint: The checkpoint directory.
+        batch_id: Read the state as of this micro-batch (default the last committed one).
+
+    Returns:
+        `(meta, table)`: the parsed `flowspark.json`, and `{key: (snapshots, notify_at)}`
+        over every bucket (snapshots unpickled, so the flow's modules must be importable).
+
+    Raises:
+        FlowsparkError: The directory is not a flowspark streaming checkpoint, or holds no state yet.
+    """
+    import json
+    import pickle
+
+    from flowspark.errors import FlowsparkError
+
+    meta_path = Path(checkpoint) / "flowspark.json"
+    if not Path(checkpoint).is_dir():
+        msg = f"checkpoint {checkpoint!r} is not a directory; give the --checkpoint DIR of a streaming run"
+        raise FlowsparkError(msg)
+    if not meta_path.is_file():
+        msg = (
+            f"{checkpoint!r} is not a flowspark streaming checkpoint (no flowspark.json); give the --checkpoint "
+            "DIR of a `flowspark run` streaming run"
+        )
+        raise FlowsparkError(msg)
+    meta = json.loads(meta_path.read_text())
+    if not meta.get("stateful_steps"):
+        return meta, {}
+    query = Path(checkpoint) / "query"  # where flowspark.spark.streaming points Spark's checkpointLocation
+    commits = query / "commits"
+    if not commits.is_dir() or not any(p.name.isdigit() for p in commits.iterdir()):
+        msg = f"checkpoint {checkpoint!r} has no committed micro-batch yet, so no state to read"
+        raise FlowsparkError(msg)
+    if not (query / "state").is_dir():
+        return meta, {}
+    reader = spark.read.format("statestore")
+    if batch_id is not None:
+        reader = reader.option("batchId", batch_id)
+    rows = reader.load(str(query.resolve())).select("value").collect()
+    table: dict[str, Any] = {}
+    for row in rows:
+        blob = _first_binary(row["value"])
+        if blob is None:
+            continue
+        table.update(pickle.loads(blob))  # noqa: S301 - our own checkpoint
+    return meta, table
+
+
+def _first_binary(value: Any) -> Optional[bytes]:
+    """The first binary field of a (possibly nested) state row: the bucket's pickled table."""
+    if value is None:
+        return None
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            found = _first_binary(v)
+            if found is not None:
+                return found
+    return None

@@ -94,3 +94,60 @@ def test_run_on_spark_user_error_is_one_line(spark, capsys):
     assert main(["run", "--runtime", "spark", "--no-progress", "test_cli_spark:bad_flow"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["flowspark: error: error in step 'bad.boom.flat_map_batch': ValueError: three is bad"]
+
+
+def stream_flow(root, out, flow_id="cli_stream"):
+    from streaming_helpers import JsonlDirSource, count_mapper
+
+    flow = Dataflow(flow_id)
+    s = op.input("inp", flow, JsonlDirSource(root, ["a"]))
+    keyed = op.key_on("key", s, lambda e: e["user"])
+    counts = op.stateful_map("count", keyed, count_mapper)
+    op.output("out", op.map("fmt", counts, lambda kv: (kv[0], f"{kv[0]}={kv[1]}")), FileSink(out))
+    return flow
+
+
+def test_streaming_run_then_state_then_foreign_flow_refused(spark, tmp_path, capsys):
+    from streaming_helpers import write_jsonl
+
+    root, chk, out = str(tmp_path / "in"), str(tmp_path / "chk"), str(tmp_path / "out.txt")
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 3}"} for i in range(7)])
+    args = ["run", "--checkpoint", chk, "--trigger", "available_now", "--timeout", "300"]
+    assert main([*args, f"test_cli_spark:stream_flow({root!r}, {out!r})"]) == 0
+    err = capsys.readouterr().err
+    assert "[flowspark] batch " in err  # the per-batch progress line, on stderr
+    assert sorted(open(out).read().split()) == sorted(["u0=1", "u1=1", "u2=1", "u0=2", "u1=2", "u2=2", "u0=3"])
+
+    assert main(["state", chk]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"checkpoint {chk}: dataflow 'cli_stream'")
+    assert "3 keys with state" in lines[0]
+    assert lines[1:] == [
+        "cli_stream.count.stateful_batch 'u0': 3",
+        "cli_stream.count.stateful_batch 'u1': 2",
+        "cli_stream.count.stateful_batch 'u2': 2",
+    ]
+    assert main(["state", chk, "--step", "cli_stream.count", "--key", "u1", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["state"] == [
+        {"step_id": "cli_stream.count.stateful_batch", "key": "u1", "snapshot": 2, "notify_at": None}
+    ]
+    assert main(["state", chk, "--step", "nope"]) == 1
+    assert "its stateful steps are cli_stream.count.stateful_batch" in capsys.readouterr().err
+
+    # another flow on the same checkpoint: one line naming both flows
+    assert main([*args, f"test_cli_spark:stream_flow({root!r}, {out!r}, 'other_flow')"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0].startswith("flowspark: error: checkpoint")
+    assert "belongs to dataflow 'cli_stream'" in err[0]
+    assert "use another checkpoint directory" in err[0]
+
+
+def test_state_of_a_non_checkpoint_is_one_line(tmp_path, capsys):
+    assert main(["state", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"flowspark: error: {str(tmp_path)!r} has no flowspark.json, so it is not a flowspark streaming checkpoint; "
+        "give the --checkpoint DIR of a `flowspark run` streaming run"
+    ]
