@@ -40,7 +40,7 @@ from flowspark.errors import FlowsparkRuntimeError
 from flowspark.inputs import AbortExecution, FixedPartitionedSource
 from flowspark.spark.runtime import dumps, source_seq
 
-__all__ = ["FORMAT", "FlowsparkDataSource", "register", "stream_options"]
+__all__ = ["FORMAT", "TICK_FORMAT", "FlowsparkDataSource", "TickDataSource", "register", "stream_options"]
 
 #: The name the data source is registered under (`spark.readStream.format(FORMAT)`).
 FORMAT = "flowspark_source"
@@ -74,12 +74,13 @@ def stream_options(step_id: str, source: FixedPartitionedSource[Any, Any], sourc
 
 
 def register(spark: Any) -> None:
-    """Register the data source on `spark` (once per session is enough; repeating is harmless).
+    """Register the data sources on `spark` (once per session is enough; repeating is harmless).
 
     Args:
         spark: The SparkSession.
     """
     spark.dataSource.register(FlowsparkDataSource)
+    spark.dataSource.register(TickDataSource)
 
 
 class FlowsparkDataSource(DataSource):
@@ -264,3 +265,69 @@ def decode_seq(seq: bytes) -> tuple[int, int, int]:
     """
     si, pi, pos = struct.unpack(">IIQ", seq[:16])
     return si, pi, pos
+
+
+#: The name of the tick source (`spark.readStream.format(TICK_FORMAT)`).
+TICK_FORMAT = "flowspark_tick"
+
+
+class TickDataSource(DataSource):
+    """One row `(NULL, b"", b"")` per micro-batch: makes every micro-batch run the keyed stage.
+
+    Spark runs no micro-batch when a restarted query has no new data, so the
+    processing-time timeouts of idle buckets would never fire after a restart
+    until data arrives; with this source every trigger has one new row (ignored
+    by the bucket driver). With `available_now` it yields one tick and stops.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        """Return the format name.
+
+        Returns:
+            `TICK_FORMAT`.
+        """
+        return TICK_FORMAT
+
+    def schema(self) -> str:
+        """Return the row schema (the chunk-row schema).
+
+        Returns:
+            A DDL string.
+        """
+        return _SCHEMA
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802
+        """Build the stream reader.
+
+        Args:
+            schema: Ignored.
+
+        Returns:
+            The reader.
+        """
+        return _TickReader()
+
+
+class _TickReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self) -> None:
+        self.left: Optional[int] = None
+
+    def initialOffset(self) -> dict:  # noqa: N802
+        return {"t": 0}
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+        self.left = 1
+
+    def latestOffset(self, start: dict, limit: Any) -> dict:  # noqa: N802
+        if self.left is not None:
+            if self.left <= 0:
+                return start
+            self.left -= 1
+        return {"t": start["t"] + 1}
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return [InputPartition(end["t"])] if end["t"] > start["t"] else []
+
+    def read(self, partition: InputPartition) -> Iterator[tuple]:
+        yield (None, b"", b"")

@@ -395,6 +395,8 @@ class BucketDriver:
             rows: list[tuple[str, bytes, bytes]] = []
             for pdf in pdfs:
                 rows.extend(zip(pdf["k"].tolist(), pdf["seq"].tolist(), pdf["v"].tolist(), strict=True))
+            # Tick rows (key NULL, see pysource.TickDataSource) only make the micro-batch run.
+            rows = [r for r in rows if r[0] is not None]
             try:
                 with use_clock(lambda: now):
                     emits = driver.process(table, rows, now)
@@ -529,6 +531,10 @@ class StreamingRun:
                 for other in ins[1:]:
                     df = df.union(other)
                 if st.kind == "keyed":
+                    from flowspark.spark import pysource
+
+                    pysource.register(self.spark)
+                    df = df.union(self.spark.readStream.format(pysource.TICK_FORMAT).load())
                     up = self.plan_entry_depth(st)
                     driver = BucketDriver(spec, up, self.clock)
                     df = df.withColumn("bucket", F.pmod(F.hash("k"), F.lit(self.buckets)))

@@ -12,10 +12,11 @@ from flowspark.operators import StatefulLogic
 
 
 class _DirPart(StatefulSourcePartition):
-    def __init__(self, path: str, pos: Optional[tuple[int, int]], batch: int) -> None:
+    def __init__(self, path: str, pos: Optional[tuple[int, int]], batch: int, bounded: bool) -> None:
         self.path = path
         self.file_no, self.line_no = pos or (0, 0)
         self.batch = batch
+        self.bounded = bounded
 
     def _files(self) -> list[str]:
         return sorted(f for f in os.listdir(self.path) if f.endswith(".jsonl"))
@@ -23,6 +24,8 @@ class _DirPart(StatefulSourcePartition):
     def next_batch(self) -> list[Any]:
         files = self._files()
         if self.file_no >= len(files):
+            if self.bounded:
+                raise StopIteration
             return []
         with open(os.path.join(self.path, files[self.file_no])) as f:
             lines = f.read().splitlines()
@@ -40,16 +43,20 @@ class _DirPart(StatefulSourcePartition):
 class JsonlDirSource(FixedPartitionedSource):
     """Unbounded: every `<part>/*.jsonl` file, in name order; new files are picked up later."""
 
-    def __init__(self, root: str, parts: list[str], batch: int = 100) -> None:
+    def __init__(self, root: str, parts: list[str], batch: int = 100, bounded: bool = False) -> None:
         self.root = root
         self.parts = parts
         self.batch = batch
+        self.bounded = bounded
+
+    def is_bounded(self) -> bool:
+        return self.bounded
 
     def list_parts(self) -> list[str]:
         return list(self.parts)
 
     def build_part(self, step_id: str, for_part: str, resume_state: Any) -> _DirPart:
-        return _DirPart(os.path.join(self.root, for_part), resume_state, self.batch)
+        return _DirPart(os.path.join(self.root, for_part), resume_state, self.batch, self.bounded)
 
 
 def write_jsonl(path: str, rows: list[Any]) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
-from streaming_helpers import JsonlDirSource, count_mapper, write_jsonl
+from streaming_helpers import T0, ActiveUser, FileClock, JsonlDirSource, count_mapper, write_jsonl
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
@@ -40,3 +42,129 @@ def test_running_count_available_now_then_resume(spark, tmp_path):
     out2: list = []
     run(_count_flow(root, out2), spark=spark, checkpoint=chk, trigger="available_now", progress=False)
     assert sorted(out2) == [("u2", 3), ("u9", 1)]
+
+
+def _active_flow(root: str, out: list) -> Dataflow:
+    flow = Dataflow("active_users")
+    s = op.input("inp", flow, JsonlDirSource(root, ["a"]))
+    keyed = op.key_on("key", s, lambda e: e["user"])
+    op.output("out", op.stateful("sessions", keyed, ActiveUser), TestingSink(out))
+    return flow
+
+
+def test_timeouts_fire_for_idle_keys(spark, tmp_path):
+    """The active-user example: a user idle for 30 minutes gets ('ended', n), on an injected clock."""
+    from flowspark.spark import run
+
+    root = str(tmp_path / "in")
+    chk = str(tmp_path / "chk")
+    clock = FileClock(str(tmp_path / "now.txt"))
+    clock.set(T0)
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": "amy"}, {"user": "bob"}, {"user": "amy"}])
+    out: list = []
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False, "clock": clock}
+    run(_active_flow(root, out), **opts)
+    assert sorted(out) == [("amy", ("active", 1)), ("amy", ("active", 2)), ("bob", ("active", 1))]
+    # 10 minutes later amy is active again: nobody is idle for 30 minutes yet.
+    clock.set(T0 + timedelta(minutes=10))
+    write_jsonl(f"{root}/a/0002.jsonl", [{"user": "amy"}])
+    out.clear()
+    run(_active_flow(root, out), **opts)
+    assert out == [("amy", ("active", 3))]
+    # 35 minutes after the start, no new data: bob (last seen at 0) times out, amy (at 10) does not.
+    clock.set(T0 + timedelta(minutes=35))
+    out.clear()
+    run(_active_flow(root, out), **opts)
+    assert out == [("bob", ("ended", 1))]
+    # At 41 minutes amy times out too; bob's state was discarded, so he does not end twice.
+    clock.set(T0 + timedelta(minutes=41))
+    out.clear()
+    run(_active_flow(root, out), **opts)
+    assert out == [("amy", ("ended", 3))]
+
+
+def _same_files_flow(src: JsonlDirSource, out: list) -> Dataflow:
+    flow = Dataflow("same_files")
+    s = op.input("inp", flow, src)
+    s = op.filter("no_zero", s, lambda e: e["n"] != 0)
+    keyed = op.key_on("key", s, lambda e: e["user"])
+    sums = op.stateful_map("running_sum", keyed, lambda st, e: ((st or 0) + e["n"], (st or 0) + e["n"]))
+    op.output("out", op.map_value("fmt", sums, lambda v: f"sum={v}"), TestingSink(out))
+    return flow
+
+
+def test_same_output_as_in_memory_executor(spark, tmp_path):
+    from flowspark.spark import run
+    from flowspark.testing import run_main
+
+    # One partition: the order of each key's values is then defined (across partitions it is
+    # not, in flowspark as in bytewax), and several micro-batches (max_items=30) must keep it.
+    root = str(tmp_path / "in")
+    for part in ("p1",):
+        for f in range(3):
+            rows = [{"user": f"u{(i * 7 + f) % 5}", "n": (i + f) % 4} for i in range(40)]
+            write_jsonl(f"{root}/{part}/{f:04d}.jsonl", rows)
+    local: list = []
+    run_main(_same_files_flow(JsonlDirSource(root, ["p1"], batch=25, bounded=True), local))
+    streamed: list = []
+    src = JsonlDirSource(root, ["p1"], batch=25)
+    run(_same_files_flow(src, streamed), spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now",
+        progress=False, max_items=30)
+    assert len(local) == len(streamed) > 0
+
+    def per_key(items):
+        d: dict = {}
+        for k, v in items:
+            d.setdefault(k, []).append(v)
+        return d
+
+    assert per_key(streamed) == per_key(local)
+
+
+def test_malformed_rows_go_to_a_dead_letter_output(spark, tmp_path):
+    from flowspark.spark import run
+    from flowspark.spark.inputs import SparkSource
+
+    src_dir = tmp_path / "json"
+    src_dir.mkdir()
+    (src_dir / "part1.json").write_text(
+        '{"user": "amy", "n": 1}\n'
+        "{not json at all\n"
+        '{"user": "bob", "n": "three"}\n'
+        '{"user": "amy", "n": 2}\n'
+    )
+    schema = "user STRING, n LONG, _corrupt_record STRING"
+    source = SparkSource("json", str(src_dir), schema=schema, streaming=True,
+                         options={"columnNameOfCorruptRecord": "_corrupt_record", "mode": "PERMISSIVE"})
+    good: list = []
+    dead: list = []
+    flow = Dataflow("dead_letter")
+    rows = op.input("inp", flow, source)
+    b = op.branch("valid", rows, lambda r: r["_corrupt_record"] is None)
+    keyed = op.key_on("key", b.trues, lambda r: r["user"])
+    op.output("good", op.stateful_map("sum", keyed, lambda st, r: ((st or 0) + r["n"],) * 2), TestingSink(good))
+    op.output("dead", op.map("raw", b.falses, lambda r: r["_corrupt_record"]), TestingSink(dead))
+    run(flow, spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", progress=False)
+    assert sorted(good) == [("amy", 1), ("amy", 3)]
+    assert sorted(dead) == ['{"user": "bob", "n": "three"}', "{not json at all"]
+
+
+def test_checkpoint_of_another_flow_or_bucket_count_is_refused(tmp_path):
+    from flowspark.errors import RecoveryError
+    from flowspark.spark.streaming import _check_meta
+
+    chk = str(tmp_path / "chk")
+    _check_meta(chk, "flow_a", 64, ["flow_a.count"])
+    _check_meta(chk, "flow_a", 64, ["flow_a.count"])
+    with pytest.raises(RecoveryError, match="buckets=64; received buckets=8"):
+        _check_meta(chk, "flow_a", 8, ["flow_a.count"])
+    with pytest.raises(RecoveryError, match="belongs to dataflow 'flow_a'"):
+        _check_meta(chk, "flow_b", 64, ["flow_b.count"])
+
+
+def test_streaming_needs_a_checkpoint(tmp_path):
+    from flowspark.errors import FlowsparkTypeError
+    from flowspark.spark import run
+
+    with pytest.raises(FlowsparkTypeError, match="needs checkpoint=DIR"):
+        run(_count_flow(str(tmp_path), []), trigger="available_now")
