@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="Spark setting (repeatable)",
     )
     run.add_argument(
+        "--buckets",
+        type=int,
+        metavar="B",
+        help="streaming: state buckets (default 64; fixed for a checkpoint's lifetime)",
+    )
+    run.add_argument(
         "--timeout",
         type=float,
         metavar="SECS",
@@ -124,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-physical", action="store_true", help="with --spark: skip Spark's physical plan (needs no session)"
     )
     plan.add_argument("--master", default="local[1]", metavar="URL", help="Spark master for the physical plan")
+    plan.add_argument(
+        "--buckets", type=int, default=64, metavar="B", help="streaming flows: state buckets (default 64)"
+    )
 
     from flowspark.submit import add_submit_arguments
 
@@ -223,6 +232,69 @@ def _plan_json(plan: Any) -> dict[str, Any]:
     }
 
 
+def _state_layout(plan: Any, streaming: bool, buckets: int, partitions: Optional[int]) -> list[dict[str, Any]]:
+    """How each keyed stage partitions its keys and keeps their state."""
+    out = []
+    for st in plan.stages:
+        if st.kind != "keyed":
+            continue
+        steps = [ks.step_id for ks in st.spec.chain]
+        if streaming:
+            out.append(
+                {
+                    "stage": st.spec.stage_id,
+                    "steps": steps,
+                    "buckets": buckets,
+                    "lowers_to": (
+                        f"groupBy(bucket = pmod(hash(k), {buckets})).applyInPandasWithState("
+                        "state 'blob binary', ProcessingTimeTimeout)"
+                    ),
+                    "state": (
+                        "one row per bucket: pickle of {key: (snapshots, notify_at)}, snapshots[i] = None or "
+                        f"(snapshot of {steps[0] if len(steps) == 1 else 'step i of ' + ', '.join(steps)},); "
+                        "the bucket's timeout is its earliest notify_at; the bucket count is fixed for a checkpoint"
+                    ),
+                }
+            )
+        else:
+            where = f"{partitions} Spark partitions" if partitions else "spark.sql.shuffle.partitions partitions"
+            out.append(
+                {
+                    "stage": st.spec.stage_id,
+                    "steps": steps,
+                    "partitions": partitions,
+                    "lowers_to": f"repartition({where} by k) -> sortWithinPartitions(k, seq) -> mapInArrow",
+                    "state": (
+                        "not stored: each key's logics live in its task while the key's sorted values are driven, "
+                        "then on_eof; a failed task reruns from its input"
+                    ),
+                }
+            )
+    return out
+
+
+def _streaming_lowering(st: Any, buckets: int) -> str:
+    """What a stage of a streaming plan lowers to (the batch plan's text says batch operations)."""
+    if st.kind == "source":
+        if st.spec.source == "native":
+            return "spark.readStream of the SparkSource -> mapInArrow"
+        return "readStream.format('flowspark_source') (offsets: the partitions' snapshots) -> mapInArrow"
+    union = " + ".join(f"stage{s}.port{p}" for s, p, _ in st.inputs)
+    if st.kind == "keyed":
+        return f"({union} + tick stream) -> groupBy(pmod(hash(k), {buckets})).applyInPandasWithState"
+    return f"({union}) -> mapInArrow"
+
+
+def _streaming_text(plan: Any, buckets: int) -> str:
+    lines = str(plan).splitlines()
+    heads = {f"stage {st.spec.stage_id} [{st.kind}]: {st.lowering()}": st for st in plan.stages}
+    out = []
+    for ln in lines:
+        st = heads.get(ln)
+        out.append(ln if st is None else f"stage {st.spec.stage_id} [{st.kind}]: {_streaming_lowering(st, buckets)}")
+    return "\n".join(out)
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from flowspark.visualize import to_json, to_mermaid
 
@@ -240,23 +312,42 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         raise CliError(msg)
     _need_pyspark("plan --spark")
     from flowspark.spark.compiler import compile_flow
+    from flowspark.spark.streaming import compile_streaming, is_streaming
 
-    plan = compile_flow(flow)
+    streaming = is_streaming(flow)
+    plan = compile_streaming(flow)[0] if streaming else compile_flow(flow)
     physical: list[tuple[int, str]] = []
+    partitions: Optional[int] = None
     if not args.no_physical:
-        from flowspark.spark.tools import open_session, physical_plans
+        from flowspark.spark.tools import open_session, physical_plans, streaming_physical_plans
 
         spark = open_session(args.master, {"spark.sql.shuffle.partitions": "2"}, app_name="flowspark plan")
-        physical = physical_plans(plan, spark)
+        partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
+        if streaming:
+            physical = streaming_physical_plans(flow, spark, args.buckets)
+        else:
+            physical = physical_plans(plan, spark)
+    layout = _state_layout(plan, streaming, args.buckets, partitions)
     if args.format == "json":
         doc = {"dataflow": json.loads(to_json(flow, args.recursive)), "spark": _plan_json(plan)}
+        if streaming:
+            for st, d in zip(plan.stages, doc["spark"]["stages"], strict=True):
+                d["lowers_to"] = _streaming_lowering(st, args.buckets)
+        doc["spark"]["mode"] = "streaming" if streaming else "batch"
+        doc["spark"]["keyed_state"] = layout
         if not args.no_physical:
             doc["spark"]["physical"] = {str(sid): text for sid, text in physical}
         print(json.dumps(doc, indent=2))
         return 0
     print(to_text(flow, args.recursive))
     print()
-    print(plan)
+    print(_streaming_text(plan, args.buckets) if streaming else plan)
+    print()
+    mode = "a Structured Streaming query (an unbounded source)" if streaming else "Spark batch jobs (bounded input)"
+    print(f"runs as {mode}")
+    for ks in layout:
+        print(f"keyed stage {ks['stage']}: {ks['lowers_to']}")
+        print(f"    state: {ks['state']}")
     for sid, text in physical:
         print()
         print(f"== stage {sid}: Spark physical plan ==")
@@ -297,7 +388,9 @@ def _unbounded_inputs(flow: Any) -> list[str]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     spark_only = [
-        f"--{name}" for name in ("master", "checkpoint", "trigger", "timeout") if getattr(args, name) is not None
+        f"--{name}"
+        for name in ("master", "checkpoint", "trigger", "timeout", "buckets")
+        if getattr(args, name) is not None
     ] + (["--conf"] if args.conf else [])
     runtime = args.runtime or ("spark" if spark_only else "local")
     if runtime == "local" and spark_only:
@@ -312,7 +405,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _need_pyspark("run --runtime spark")
     conf = dict(args.conf)
     unbounded = _unbounded_inputs(flow)
-    if args.checkpoint is not None or args.trigger is not None or args.timeout is not None or unbounded:
+    streaming_flags = (args.checkpoint, args.trigger, args.timeout, args.buckets)
+    if any(f is not None for f in streaming_flags) or unbounded:
         return _run_streaming(flow, args, conf, unbounded)
     from flowspark.spark import compile_flow, run
     from flowspark.spark.tools import Progress, open_session

@@ -191,6 +191,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", metavar="DIR", help="streaming checkpoint directory (passed to the driver)")
     parser.add_argument("--trigger", type=_trigger, metavar="T", help="streaming trigger (passed to the driver)")
     parser.add_argument("--timeout", type=float, metavar="SECS", help="streaming: stop after SECS seconds")
+    parser.add_argument("--buckets", type=int, metavar="B", help="streaming: state buckets (passed to the driver)")
     parser.add_argument(
         "--work-dir", metavar="DIR", help="where to write the zip, driver and log (default: a new temp dir)"
     )
@@ -360,6 +361,8 @@ def submit(args: argparse.Namespace) -> int:
         driver_argv += ["--trigger", args.trigger]
     if args.timeout is not None:
         driver_argv += ["--timeout", str(args.timeout)]
+    if args.buckets is not None:
+        driver_argv += ["--buckets", str(args.buckets)]
     driver = work / "flowspark_driver.py"
     driver.write_text(_DRIVER.format(argv=driver_argv))
     alias = _archive_alias(args.archives)
@@ -467,8 +470,8 @@ def run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], unb
     """
     if not unbounded:
         msg = (
-            "--checkpoint/--trigger/--timeout apply to flows with an unbounded source; every source of this flow is "
-            "bounded, so it runs as a Spark batch job: drop them"
+            "--checkpoint/--trigger/--timeout/--buckets apply to flows with an unbounded source; every source "
+            "of this flow is bounded, so it runs as a Spark batch job: drop them"
         )
         raise SubmitError(msg)
     if args.checkpoint is None:
@@ -494,5 +497,6 @@ def run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], unb
         progress=progress,
         explain=args.explain,
         timeout=args.timeout,
+        **({"buckets": args.buckets} if args.buckets is not None else {}),
     )
     return 0

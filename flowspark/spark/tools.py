@@ -406,3 +406,31 @@ def _first_binary(value: Any) -> Optional[bytes]:
             if found is not None:
                 return found
     return None
+
+
+def streaming_physical_plans(flow: Any, spark: Any, buckets: int, mode: str = "formatted") -> list[tuple[int, str]]:
+    """Spark's plan of each stage of a streaming flow, as `flowspark.spark.streaming` builds them.
+
+    Nothing starts: the streaming DataFrames are built and explained only.
+
+    Args:
+        flow: A `Dataflow` with an unbounded source.
+        spark: The SparkSession.
+        buckets: State buckets of the keyed stage.
+        mode: Spark's explain mode.
+
+    Returns:
+        `(stage id, plan text)` for every stage.
+    """
+    from flowspark.spark.streaming import StreamingRun, _streaming_flow, compile_streaming
+
+    plan, depths = compile_streaming(flow)
+    options = {"checkpoint": tempfile.gettempdir(), "buckets": buckets, "clock": None, "max_items": 100_000}
+    sr = StreamingRun(plan, depths, spark, options)
+    sr._nodes = list(_streaming_flow(flow).graph().nodes)  # type: ignore[attr-defined]
+    sr.build()
+    jvm = spark.sparkContext._jvm
+    return [
+        (sid, str(jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), mode)).rstrip())
+        for sid, df in sorted(sr.dfs.items())
+    ]

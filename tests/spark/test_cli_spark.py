@@ -151,3 +151,14 @@ def test_state_of_a_non_checkpoint_is_one_line(tmp_path, capsys):
         f"flowspark: error: {str(tmp_path)!r} has no flowspark.json, so it is not a flowspark streaming checkpoint; "
         "give the --checkpoint DIR of a `flowspark run` streaming run"
     ]
+
+
+def test_plan_spark_streaming_physical_plan(spark, tmp_path, capsys):
+    root, out = str(tmp_path / "in"), str(tmp_path / "out.txt")
+    assert main(["plan", f"test_cli_spark:stream_flow({root!r}, {out!r})", "--spark", "--buckets", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "runs as a Structured Streaming query" in text
+    stage1 = text.split("== stage 1: Spark physical plan ==")[1]
+    assert "FlatMapGroupsInPandasWithState" in stage1
+    assert "pmod(hash(k" in stage1
+    assert ", 4)" in stage1

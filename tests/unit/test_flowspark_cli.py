@@ -247,25 +247,40 @@ def test_plan_spark_mermaid_rejected(project, capsys, monkeypatch):
 
 def test_plan_spark_compile_error_one_line(tmp_path):
     pytest.importorskip("pyspark")
-    (tmp_path / "unbounded_flow.py").write_text(
+    (tmp_path / "lockflow.py").write_text(
         textwrap.dedent(
             """
+            import threading
             import flowspark.operators as op
             from flowspark.dataflow import Dataflow
-            from flowspark.inputs import SimplePollingSource
-            from flowspark.testing import TestingSink
-            from datetime import timedelta
-            class Tick(SimplePollingSource):
-                def next_item(self):
-                    return 1
-            flow = Dataflow("tick")
-            op.output("out", op.input("inp", flow, Tick(timedelta(seconds=1))), TestingSink([]))
+            from flowspark.testing import TestingSource, TestingSink
+            lock = threading.Lock()
+            flow = Dataflow("locky")
+            s = op.input("inp", flow, TestingSource([1]))
+            op.output("out", op.map("guard", s, lambda x: (lock, x)[1]), TestingSink([]))
             """
         )
     )
-    line = _one_error_line(_cli(tmp_path, "plan", "unbounded_flow.py", "--spark", "--no-physical"))
-    assert "step 'tick.inp'" in line
-    assert "not bounded" in line
+    line = _one_error_line(_cli(tmp_path, "plan", "lockflow.py", "--spark", "--no-physical"))
+    assert "step 'locky.guard.flat_map_batch'" in line
+    assert "cannot be pickled" in line
+
+
+def test_plan_spark_streaming_shows_buckets_and_state_layout(tmp_path):
+    pytest.importorskip("pyspark")
+    (tmp_path / "tickflow.py").write_text(UNBOUNDED)
+    res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--buckets", "8")
+    assert res.returncode == 0, res.stderr
+    out = res.stdout
+    assert "runs as a Structured Streaming query" in out
+    assert "stage 0 [source]: readStream.format('flowspark_source')" in out
+    assert "stage 1 [keyed]: (stage0.port0 + tick stream) -> groupBy(pmod(hash(k), 8)).applyInPandasWithState" in out
+    assert "state: one row per bucket: pickle of {key: (snapshots, notify_at)}" in out
+    res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--format", "json")
+    doc = json.loads(res.stdout)["spark"]
+    assert doc["mode"] == "streaming"
+    assert doc["keyed_state"][0]["buckets"] == 64
+    assert doc["keyed_state"][0]["steps"] == ["tick.count.stateful_batch"]
 
 
 def test_to_text_names_ports(capsys):
@@ -491,6 +506,12 @@ UNBOUNDED = textwrap.dedent(
             return 1
     flow = Dataflow("tick")
     op.output("out", op.input("inp", flow, Tick(timedelta(seconds=1))), TestingSink([]))
+
+    def keyed():
+        flow = Dataflow("tick")
+        s = op.key_on("key", op.input("inp", flow, Tick(timedelta(seconds=1))), str)
+        op.output("out", op.stateful_map("count", s, lambda n, x: ((n or 0) + 1, n)), TestingSink([]))
+        return flow
     """
 )
 
