@@ -168,3 +168,58 @@ def test_streaming_needs_a_checkpoint(tmp_path):
 
     with pytest.raises(FlowsparkTypeError, match="needs checkpoint=DIR"):
         run(_count_flow(str(tmp_path), []), trigger="available_now")
+
+
+@pytest.mark.slow
+def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path):
+    """Kill -9 the driver mid-stream, restart from the checkpoint: file-sink output equals an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from streaming_driver import build
+
+    from flowspark.spark import run
+
+    root = str(tmp_path / "in")
+    for part in ("a", "b"):
+        for f in range(4):
+            write_jsonl(f"{root}/{part}/{f:04d}.jsonl", [{"user": f"u{(i * 3 + f) % 7}"} for i in range(150)])
+    # The uninterrupted run, in this process.
+    ref_out = str(tmp_path / "ref_out")
+    run(build(root, ref_out), spark=spark, checkpoint=str(tmp_path / "ref_chk"), trigger="available_now",
+        max_items=100, progress=False)
+    # The killed run: a driver process killed with SIGKILL once some micro-batches are committed.
+    chk = str(tmp_path / "chk")
+    out = str(tmp_path / "out")
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(here, "streaming_driver.py"), root, chk, out],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
+    commits = os.path.join(chk, "query", "commits")
+    deadline = time.monotonic() + 240
+    killed = False
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = [f for f in os.listdir(commits) if f.isdigit()] if os.path.isdir(commits) else []
+        if len(done) >= 3:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed = True
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=60)
+    assert killed, "the driver ended before it could be killed; make the input larger"
+    n_done = len([f for f in os.listdir(commits) if f.isdigit()])
+    assert n_done < 6, "all 6 data micro-batches were committed before the kill"
+    # Restart from the checkpoint (in this process) and finish.
+    run(build(root, out), spark=spark, checkpoint=chk, trigger="available_now", max_items=100, progress=False)
+    got = sorted((r.user, r.n) for r in spark.read.json(out).collect())
+    want = sorted((r.user, r.n) for r in spark.read.json(ref_out).collect())
+    assert len(want) == 1200
+    assert got == want
+    finals: dict = {}
+    for u, n in got:
+        finals[u] = max(finals.get(u, 0), n)
+    assert sum(finals.values()) == 1200

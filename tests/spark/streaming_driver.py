@@ -1,0 +1,43 @@
+"""A driver program for the kill -9 test: runs the count flow into a file sink, from a checkpoint.
+
+Usage: python streaming_driver.py ROOT CHECKPOINT OUT_DIR
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from streaming_helpers import JsonlDirSource, count_mapper  # noqa: E402
+
+import flowspark.operators as op  # noqa: E402
+from flowspark.dataflow import Dataflow  # noqa: E402
+from flowspark.spark.outputs import SparkSink  # noqa: E402
+
+
+def as_row(kv):
+    return {"user": kv[0], "n": kv[1]}
+
+
+def build(root: str, out_dir: str) -> Dataflow:
+    flow = Dataflow("kill_test")
+    s = op.input("inp", flow, JsonlDirSource(root, ["a", "b"], batch=50))
+    counts = op.stateful_map("count", op.key_on("key", s, lambda e: e["user"]), count_mapper)
+    op.output("out", op.map("row", counts, as_row), SparkSink("json", out_dir, schema="user STRING, n LONG"))
+    return flow
+
+
+def main() -> None:
+    root, chk, out_dir = sys.argv[1:4]
+    from flowspark.spark import run
+    from flowspark.spark.session import get_session
+
+    spark = get_session("local[2]", {"spark.sql.shuffle.partitions": "2"})
+    run(build(root, out_dir), spark=spark, checkpoint=chk, trigger="available_now", max_items=100)
+    print("DRIVER DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()
