@@ -361,7 +361,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _need_pyspark(what: str) -> None:
     import importlib.util
 
-    if importlib.util.find_spec("pyspark") is None:
+    try:
+        found = importlib.util.find_spec("pyspark") is not None and sys.modules.get("pyspark", True) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
         msg = f"`flowspark {what}` needs pyspark; install it with `pip install 'flowspark[spark]'`"
         raise CliError(msg)
 

@@ -527,3 +527,24 @@ def test_streaming_flags_checked_before_spark_starts(project, tmp_path):
     line = _one_error_line(_cli(tmp_path, "run", "--runtime", "spark", "tickflow.py"))
     assert "'tick.inp'" in line
     assert "needs --checkpoint DIR" in line
+
+
+def test_cli_works_without_pyspark(project):
+    cwd, pkg = project
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["pyspark"] = None  # as if pyspark were not installed
+        from flowspark.cli import main
+        assert main(["plan", "{pkg}/flows.py"]) == 0
+        assert main(["run", "{pkg}/flows.py:get_flow(out='nospark.txt')"]) == 0
+        assert "pyspark" not in [m.split(".")[0] for m in sys.modules if sys.modules[m] is not None]
+        sys.exit(main(["plan", "{pkg}/flows.py", "--spark"]))
+        """
+    )
+    res = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stderr
+    assert (cwd / "nospark.txt").read_text().splitlines() == ["0:A", "1:B", "2:C"]
+    assert res.stderr.strip().splitlines() == [
+        "flowspark: error: `flowspark plan --spark` needs pyspark; install it with `pip install 'flowspark[spark]'`"
+    ]
