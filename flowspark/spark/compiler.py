@@ -33,7 +33,7 @@ from flowspark.inputs import DynamicSource, FixedPartitionedSource
 from flowspark.outputs import DynamicSink, FixedPartitionedSink, StdOutSink
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink
-from flowspark.spark.runtime import KeyedStep, Op, Port, StageSpec, idx
+from flowspark.spark.runtime import KeyedStep, Op, Port, StageSpec, idx, is_one_to_one
 from flowspark.testing import TestingSink, TestingSource
 
 __all__ = ["InspectPlan", "Plan", "SinkPlan", "StagePlan", "compile_flow"]
@@ -285,10 +285,11 @@ def compile_flow(flow: Any) -> Plan:
             case ir.FlatMapBatch():
                 _check_pickle(node.step_id, "mapper", node.mapper)
                 b = loc[node.up]
-                b.ops.append(Op("map", node.step_id, (node.up,), (node.down,), node.mapper))
+                one = is_one_to_one(node.mapper)
+                b.ops.append(Op("map", node.step_id, (node.up,), (node.down,), node.mapper, one_to_one=one))
                 b.steps.append(node.step_id)
                 loc[node.down] = b
-                depth[node.down] = depth[node.up] + _COMPONENT_LEN
+                depth[node.down] = depth[node.up] + (0 if one else _COMPONENT_LEN)
             case ir.Branch():
                 _check_pickle(node.step_id, "predicate", node.predicate)
                 b = loc[node.up]

@@ -8,7 +8,8 @@ Sequences. Every item travels with a *sequence*: bytes that sort (unsigned,
 lexicographically) in the order the items must be processed. A source stamps
 `>IIQ` (source index, source partition, position); every `flat_map_batch`
 appends one `>I` component (the index of the output among the outputs of its
-input item); a stateful step appends one component (the index of the emit
+input item; the one-output-per-input mappers of `map`, `map_value`, `key_on` and
+`key_rm` keep the input's sequence); a stateful step appends one component (the index of the emit
 among the emits caused by one input value). Emits at the end of a key
 (notifications due after the last value, then `on_eof`) get the header
 `EOF_HEADER + level` (`level`: the number of stateful steps on the longest path
@@ -196,6 +197,24 @@ class Op:
     downs: tuple[str, ...]
     fn: Optional[Callable[..., Any]] = None
     pads: tuple[bytes, ...] = ()
+    one_to_one: bool = False
+
+
+#: flowspark's own `flat_map_batch` mappers that return exactly one output per input
+#: (`map`, `map_value`, `key_on`, `key_rm`): called once per batch, not once per item.
+_ONE_TO_ONE = frozenset(f"{name}.<locals>.shim_mapper" for name in ("map", "map_value", "key_on", "key_rm"))
+
+
+def is_one_to_one(fn: Any) -> bool:
+    """Whether `fn` is one of flowspark's one-output-per-input mappers.
+
+    Args:
+        fn: A `flat_map_batch` mapper.
+
+    Returns:
+        True for the mappers of `map`, `map_value`, `key_on`, `key_rm`.
+    """
+    return getattr(fn, "__module__", None) == "flowspark.operators" and getattr(fn, "__qualname__", "") in _ONE_TO_ONE
 
 
 @dataclass(frozen=True)
@@ -509,6 +528,18 @@ def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]])
             fn = op.fn
             assert fn is not None
             out = []
+            if op.one_to_one and ins:
+                try:
+                    res = fn([x for _, x in ins])
+                except Exception as e:
+                    raise StepFailure(op.step_id, e) from e
+                if type(res) is list and len(res) == len(ins):
+                    # One output per input: it keeps its input's sequence (the compiler
+                    # adds no component for these steps).
+                    streams[op.downs[0]] = list(zip([sx[0] for sx in ins], res, strict=True))
+                    continue
+                msg = f"step {op.step_id!r}: a one-to-one mapper returned {len(res)} items for {len(ins)} inputs"
+                raise StepFailure(op.step_id, FlowsparkTypeError(msg))
             try:
                 for s, x in ins:
                     res = fn([x])

@@ -75,7 +75,7 @@ def test_merge_within_a_stage_is_fused_and_across_stages_is_a_union():
     # The merge tags each upstream and pads the shorter sequences.
     pads = [pad for _, _, pad in plan.stages[2].inputs]
     assert pads[0] == b"\0\0\0\0"  # index 0, already the longest
-    assert pads[1] == b"\0\0\0\1" + b"\0" * 8  # index 1, two components shorter
+    assert pads[1] == b"\0\0\0\1" + b"\0" * 4  # index 1, one component (the inner merge's) shorter
 
 
 def test_unpicklable_callable_fails_at_compile_time_naming_the_step():
