@@ -174,17 +174,6 @@ def compile_streaming(flow: Any) -> tuple[Plan, dict[str, int]]:
     """
     proxy = _streaming_flow(flow)
     plan = compile_flow(proxy)
-    keyed = [st for st in plan.stages if st.kind == "keyed"]
-    if len(keyed) > 1:
-        first = keyed[0].spec.chain[0].step_id
-        second = keyed[1].spec.chain[0].step_id
-        msg = (
-            f"step {second!r}: a streaming query runs one keyed stage (Spark rejects a second "
-            f"applyInPandasWithState in one query) and step {first!r} already opened one; stateful steps "
-            "chain only on the same key (no re-keying, merge or other operator between them). Split the "
-            "flow into two flows connected through files (SparkSink -> SparkSource(streaming=True))"
-        )
-        raise FlowsparkCompileError(msg)
     return plan, _depths(proxy.graph())
 
 
@@ -375,35 +364,49 @@ class BucketDriver:
             return 1
         return max(1, int((min(ats) - now) / timedelta(milliseconds=1)))
 
+    def call(self, blob: Optional[bytes], pdfs: Iterator[Any], now: datetime) -> tuple[Any, dict[str, Any]]:
+        """Run one bucket's micro-batch: decode state, process rows and due keys, encode output.
+
+        Args:
+            blob: The bucket's pickled state, or `None`.
+            pdfs: pandas DataFrames of `(k, seq, v)` rows.
+            now: The time of the micro-batch.
+
+        Returns:
+            `(output DataFrame or None, new state table)`.
+        """
+        import pandas as pd
+
+        table: dict[str, Any] = pickle.loads(blob) if blob is not None else {}  # noqa: S301
+        rows: list[tuple[str, bytes, bytes]] = []
+        for pdf in pdfs:
+            rows.extend(zip(pdf["k"].tolist(), pdf["seq"].tolist(), pdf["v"].tolist(), strict=True))
+        # Tick rows (key NULL, see pysource.TickDataSource) only make the micro-batch run.
+        rows = [r for r in rows if r[0] is not None]
+        try:
+            with use_clock(lambda: now):
+                emits = self.process(table, rows, now)
+                emits.sort(key=lambda e: e[0])
+                cols = run_stage_rows(self.spec, emits)
+        except StepFailure as f:
+            raise RuntimeError(encode_task_error(f)) from None
+        out = pd.DataFrame({"p": cols[0], "k": cols[1], "seq": cols[2], "v": cols[3]}) if cols[0] else None
+        return out, table
+
     def pandas_function(self) -> Callable[[Any, Iterator[Any], Any], Iterator[Any]]:
         """Build the function `applyInPandasWithState` calls.
 
         Returns:
             `fn(key, pdfs, state)` yielding pandas DataFrames `(p, k, seq, v)`.
         """
-        spec = self.spec
         driver = self
 
         def fn(_bucket: Any, pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
-            import pandas as pd
-
             if driver.clock is not None:
                 now = driver.clock()
             else:
                 now = datetime.fromtimestamp(state.getCurrentProcessingTimeMs() / 1000, timezone.utc)
-            table: dict[str, Any] = pickle.loads(state.get[0]) if state.exists else {}  # noqa: S301
-            rows: list[tuple[str, bytes, bytes]] = []
-            for pdf in pdfs:
-                rows.extend(zip(pdf["k"].tolist(), pdf["seq"].tolist(), pdf["v"].tolist(), strict=True))
-            # Tick rows (key NULL, see pysource.TickDataSource) only make the micro-batch run.
-            rows = [r for r in rows if r[0] is not None]
-            try:
-                with use_clock(lambda: now):
-                    emits = driver.process(table, rows, now)
-                    emits.sort(key=lambda e: e[0])
-                    cols = run_stage_rows(spec, emits)
-            except StepFailure as f:
-                raise RuntimeError(encode_task_error(f)) from None
+            out, table = driver.call(state.get[0] if state.exists else None, pdfs, now)
             if table:
                 state.update((pickle.dumps(table, protocol=5),))
                 ms = driver.timeout_ms(table, now)
@@ -411,10 +414,55 @@ class BucketDriver:
                     state.setTimeoutDuration(ms)
             elif state.exists:
                 state.remove()
-            if cols[0]:
-                yield pd.DataFrame({"p": cols[0], "k": cols[1], "seq": cols[2], "v": cols[3]})
+            if out is not None:
+                yield out
 
         return fn
+
+    def processor(self) -> Any:
+        """Build the `StatefulProcessor` for `transformWithStateInPandas` (keyed stages after the first).
+
+        Returns:
+            The processor.
+        """
+        from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+        driver = self
+
+        class BucketProcessor(StatefulProcessor):
+            def init(self, handle: Any) -> None:
+                self.handle = handle
+                self.state = handle.getValueState("blob", _STATE_SCHEMA)
+
+            def _run(self, pdfs: Iterator[Any], timer_values: Any) -> Iterator[Any]:
+                if driver.clock is not None:
+                    now = driver.clock()
+                else:
+                    now = datetime.fromtimestamp(timer_values.getCurrentProcessingTimeInMs() / 1000, timezone.utc)
+                blob = self.state.get()[0] if self.state.exists() else None
+                out, table = driver.call(blob, pdfs, now)
+                for t in list(self.handle.listTimers()):
+                    self.handle.deleteTimer(t)
+                if table:
+                    self.state.update((pickle.dumps(table, protocol=5),))
+                    ms = driver.timeout_ms(table, now)
+                    if ms is not None:
+                        self.handle.registerTimer(int(now.timestamp() * 1000) + ms)
+                else:
+                    self.state.clear()
+                if out is not None:
+                    yield out
+
+            def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:  # noqa: N802,N803
+                yield from self._run(rows, timerValues)
+
+            def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:  # noqa: N802,N803
+                yield from self._run(iter(()), timerValues)
+
+            def close(self) -> None:
+                pass
+
+        return BucketProcessor()
 
 
 # --------------------------------------------------------------------------- query
@@ -521,6 +569,14 @@ class StreamingRun:
         """Build every stage's streaming DataFrame; return the last one."""
         from pyspark.sql import functions as F  # noqa: N812
 
+        n_keyed = sum(1 for st in self.plan.stages if st.kind == "keyed")
+        if n_keyed > 1:
+            # Spark rejects a second applyInPandasWithState in one query: every keyed stage then
+            # uses transformWithStateInPandas, which needs the RocksDB state store.
+            self.spark.conf.set(
+                "spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+            )
         for st in self.plan.stages:
             spec = st.spec
             if st.kind == "source":
@@ -538,9 +594,14 @@ class StreamingRun:
                     up = self.plan_entry_depth(st)
                     driver = BucketDriver(spec, up, self.clock)
                     df = df.withColumn("bucket", F.pmod(F.hash("k"), F.lit(self.buckets)))
-                    df = df.groupBy("bucket").applyInPandasWithState(
-                        driver.pandas_function(), _ROW_SCHEMA, _STATE_SCHEMA, "append", "ProcessingTimeTimeout"
-                    )
+                    if n_keyed == 1:
+                        df = df.groupBy("bucket").applyInPandasWithState(
+                            driver.pandas_function(), _ROW_SCHEMA, _STATE_SCHEMA, "append", "ProcessingTimeTimeout"
+                        )
+                    else:
+                        df = df.groupBy("bucket").transformWithStateInPandas(
+                            driver.processor(), _ROW_SCHEMA, "Append", "ProcessingTime"
+                        )
                 else:
                     df = df.mapInArrow(_per_call_stage(spec, self.clock), _ROW_SCHEMA)
             self.dfs[spec.stage_id] = df

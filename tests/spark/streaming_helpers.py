@@ -115,3 +115,7 @@ class ActiveUser(StatefulLogic):
 
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def parity_key(kv: Any) -> str:
+    return "even" if kv[1] % 2 == 0 else "odd"
