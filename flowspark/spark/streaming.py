@@ -27,9 +27,11 @@ restart with another `B` or another flow is refused with `RecoveryError`.
 Windowing keeps its own clock and watermark inside each key's logic, so nothing
 here uses Spark's `window()` or watermarks.
 
-Limits: one keyed stage per query (Spark rejects a second
-`applyInPandasWithState` in one query); consecutive stateful steps on the same
-key fuse into that one stage. See docs/streaming.md.
+Chains: consecutive stateful steps on the same key fuse into one keyed stage.
+Spark rejects a second `applyInPandasWithState` in one query, so a flow with
+several keyed stages (re-keyed between stateful steps) lowers every keyed stage
+to `transformWithStateInPandas` (RocksDB state store) with the same bucket
+driver. See docs/streaming.md.
 """
 
 from __future__ import annotations
@@ -169,8 +171,8 @@ def compile_streaming(flow: Any) -> tuple[Plan, dict[str, int]]:
         planned as chunk rows) and the sequence length of every stream.
 
     Raises:
-        FlowsparkCompileError: The flow cannot run as one streaming query (a
-            DynamicSource, or more than one keyed stage).
+        FlowsparkCompileError: The flow cannot run as a streaming query (a
+            DynamicSource, or what the batch compiler refuses).
     """
     proxy = _streaming_flow(flow)
     plan = compile_flow(proxy)
