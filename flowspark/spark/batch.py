@@ -16,6 +16,7 @@ from flowspark.spark.runtime import (
     dumps,
     encode_task_error,
     loads,
+    no_gc,
     source_seq,
     stage_function,
 )
@@ -318,7 +319,8 @@ def _not_dict(step_id: str, x: Any) -> FlowsparkTypeError:
 def _guard(step_id: str, body: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         try:
-            yield from body(batches)
+            with no_gc():
+                yield from body(batches)
         except StepFailure as f:
             raise RuntimeError(encode_task_error(f)) from None
         except Exception as e:  # noqa: BLE001
@@ -479,7 +481,8 @@ def run(
         print(plan)
     job = _Job(plan, spark, start_time, partitions, chunk_size)
     try:
-        job.build()
-        job.run_sinks()
+        with no_gc():  # the driver pickles and unpickles items in bulk too
+            job.build()
+            job.run_sinks()
     finally:
         job.close()

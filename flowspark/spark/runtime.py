@@ -36,10 +36,12 @@ values due notifications fire, then `on_eof` (when `eof=True`).
 from __future__ import annotations
 
 import base64
+import gc
 import pickle
 import re
 import struct
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Callable, Optional
@@ -638,6 +640,27 @@ def run_stage_rows(
     return cols
 
 
+@contextmanager
+def no_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the duration of a task.
+
+    A stage allocates millions of small tuples; inside a Spark Python worker (many
+    live objects) the collector's full scans made a source stage ~5x slower (9 s
+    instead of 1.6 s for 1M rows, measured). Reference counting still frees every
+    acyclic object; cycles wait for the collector to resume after the task.
+
+    Yields:
+        Nothing.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 # --------------------------------------------------------------------------- sources inside tasks
 def _read_partition(step_id: str, part: Any) -> Iterator[list[Any]]:
     """Read a built source partition to its end, batch by batch."""
@@ -743,7 +766,7 @@ def stage_function(
             )
 
         try:
-            with use_clock(lambda: now):
+            with use_clock(lambda: now), no_gc():
                 for cols in _stage_columns(spec, batches, now, partition_id, out_batch_rows):
                     if cols[0]:
                         yield mk(cols)
