@@ -558,6 +558,8 @@ class StreamingRun:
         if isinstance(src, SparkSource):
             try:
                 return src.load(self.spark)
+            except FlowsparkError:
+                raise
             except Exception as e:
                 raise FlowsparkRuntimeError(spec.source_step, f"step {spec.source_step!r}: {e}") from e
         from flowspark.spark import pysource
@@ -646,7 +648,10 @@ class StreamingRun:
                 msg = f"step {lone.step_id!r}: a streaming SparkSink writes files; use parquet, json, csv or orc"
                 raise FlowsparkCompileError(msg)
             rows = _dict_rows(self.spark, self.port_df(*lone.port), lone.step_id, sink.schema)
-            w = rows.writeStream.format(sink.format).option("path", sink.path).outputMode("append")
+            if sink.format == "kafka":
+                w = rows.writeStream.format("kafka").outputMode("append")
+            else:
+                w = rows.writeStream.format(sink.format).option("path", sink.path).outputMode("append")
             if sink.options:
                 w = w.options(**sink.options)
             if sink.partition_by:
@@ -666,7 +671,15 @@ class StreamingRun:
             w = w.trigger(availableNow=True)
         else:
             w = w.trigger(processingTime=trigger or _DEFAULT_INTERVAL)
-        self.query = w.start()
+        try:
+            self.query = w.start()
+        except Exception as e:
+            from flowspark.spark.kafka import _missing_jar
+
+            err = _missing_jar(e)
+            if err is not None:
+                raise err from e
+            raise
         return self.query
 
     def _open_sinks(self) -> None:
@@ -739,6 +752,9 @@ class StreamingRun:
                     )
                     raise FlowsparkTypeError(msg)
                 sink = sk.sink
+                if sink.format == "kafka":
+                    sink.write(self.spark.createDataFrame(items, sink.schema))
+                    return
                 w = self.spark.createDataFrame(items, sink.schema).write.mode("append")
                 if sink.options:
                     w = w.options(**sink.options)

@@ -23,6 +23,28 @@ def _count_flow(root: str, out: list) -> Dataflow:
     return flow
 
 
+class _Recorder:
+    batches: list = []
+
+    def __new__(cls):
+        from pyspark.sql.streaming import StreamingQueryListener  # noqa: TID251
+
+        class Rec(StreamingQueryListener):
+            def onQueryStarted(self, event):
+                pass
+
+            def onQueryProgress(self, event):
+                cls.batches.append(event.progress.batchId)
+
+            def onQueryIdle(self, event):
+                pass
+
+            def onQueryTerminated(self, event):
+                pass
+
+        return Rec()
+
+
 def test_running_count_available_now_then_resume(spark, tmp_path):
     from flowspark.spark import run
 
@@ -31,7 +53,19 @@ def test_running_count_available_now_then_resume(spark, tmp_path):
     write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 3}"} for i in range(7)])
     write_jsonl(f"{root}/b/0001.jsonl", [{"user": f"u{i % 2}"} for i in range(4)])
     out: list = []
-    run(_count_flow(root, out), spark=spark, checkpoint=chk, trigger="available_now", progress=False)
+    lines: list = []
+    run(_count_flow(root, out), spark=spark, checkpoint=chk, trigger="available_now", progress=lines.append,
+        listener=_Recorder())
+    # One progress line per micro-batch; the user's listener saw the same micro-batches.
+    import time
+
+    deadline = time.monotonic() + 20  # listener events are delivered asynchronously
+    while (0 not in _Recorder.batches or not lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert 0 in _Recorder.batches
+    assert lines
+    assert lines[0].startswith("[flowspark] batch 0: ")
+    assert all("input rows" in x and "rows/s" in x and "state rows" in x for x in lines)
     finals = {}
     for k, v in out:
         finals[k] = max(finals.get(k, 0), v)
