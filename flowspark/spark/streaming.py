@@ -57,7 +57,6 @@ from flowspark.errors import (
     RecoveryError,
 )
 from flowspark.inputs import DynamicSource, FixedPartitionedSource
-from flowspark.operators import StatefulBatchLogic, StatefulLogic, _StatefulLogic
 from flowspark.spark.compiler import Plan, StagePlan, compile_flow
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink
@@ -73,6 +72,7 @@ from flowspark.spark.runtime import (
     run_stage_rows,
     stage_function,
 )
+from flowspark.spark.runtime import _wants_notify as _wants_notify  # the batch runtime's check, shared
 from flowspark.testing import TestingSource
 
 __all__ = ["META_FILE", "StreamingRun", "compile_streaming", "run_streaming"]
@@ -180,20 +180,6 @@ def compile_streaming(flow: Any) -> tuple[Plan, dict[str, int]]:
 
 
 # --------------------------------------------------------------------------- bucket driver
-_NOTIFY_CACHE: dict[type, bool] = {}
-
-
-def _wants_notify(logic: Any) -> bool:
-    inner = logic.logic if type(logic) is _StatefulLogic else logic
-    cls = type(inner)
-    hit = _NOTIFY_CACHE.get(cls)
-    if hit is None:
-        base = StatefulLogic if isinstance(inner, StatefulLogic) else StatefulBatchLogic
-        hit = cls.notify_at is not base.notify_at
-        _NOTIFY_CACHE[cls] = hit
-    return hit
-
-
 def _notify_at(step_id: str, key: str, logic: Any) -> Optional[datetime]:
     at = logic.notify_at()
     if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
@@ -232,7 +218,7 @@ class BucketDriver:
     def _logics(self, key: str, snaps: Optional[list[Any]]) -> list[Any]:
         if snaps is None:
             return [None] * len(self.steps)
-        out = []
+        out: list[Any] = []
         for step, s in zip(self.steps, snaps, strict=True):
             if s is None:
                 out.append(None)
@@ -541,6 +527,7 @@ class StreamingRun:
         self.batches = 0
         self._sink_parts: dict[str, Any] = {}
         self._error: Optional[BaseException] = None
+        self._nodes: list[Any] = []
 
     # -- building ---------------------------------------------------------------
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
@@ -789,7 +776,7 @@ def _dict_rows(spark: Any, df: Any, step_id: str, schema: Any) -> Any:
     from pyspark.sql.types import StructType
 
     st = StructType.fromDDL(schema) if isinstance(schema, str) else schema
-    arrow_schema = to_arrow_schema(st)
+    arrow_schema = to_arrow_schema(st)  # type: ignore[arg-type]
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -948,7 +935,7 @@ def run_streaming(
         spark,
         {"checkpoint": checkpoint, "buckets": buckets, "clock": clock, "max_items": max_items},
     )
-    sr._nodes = list(_streaming_flow(flow).graph().nodes)  # type: ignore[attr-defined]  # noqa: SLF001
+    sr._nodes = list(_streaming_flow(flow).graph().nodes)  # noqa: SLF001
     lst = _Listener(sr, show, None)
     spark_listener = _make_listener(spark, lst.progress, f"flowspark_{plan.flow_id}")
     if listener is not None:
