@@ -136,6 +136,17 @@ class _Job:
         rdd = self.spark.sparkContext.parallelize(rows, numSlices=max(1, min(slices, len(rows))))
         return self.spark.createDataFrame(rdd, _IN_SCHEMA)
 
+    def chunks_df(self, rows: list[tuple[Optional[str], bytes, bytes]]) -> Any:
+        """Chunks of items as a DataFrame: through Arrow (no Python worker), `parallelism` partitions."""
+        if not rows:
+            return self.spark.createDataFrame([], _IN_SCHEMA)
+        import pandas as pd
+
+        pdf = pd.DataFrame({"k": [r[0] for r in rows], "seq": [r[1] for r in rows], "v": [r[2] for r in rows]})
+        df = self.spark.createDataFrame(pdf, _IN_SCHEMA)
+        n = min(len(rows), self.parallelism)
+        return df if df.rdd.getNumPartitions() == n else df.repartition(n)
+
     def source_df(self, st: StagePlan) -> Any:
         spec = st.spec
         sid = spec.source_step
@@ -157,7 +168,7 @@ class _Job:
                 except Exception as e:
                     raise _fail(sid, e) from e
                 rows.append((None, source_seq(si, 0, start), blob))
-            return self.rows_df(rows, len(rows))
+            return self.chunks_df(rows)
         try:
             from flowspark.inputs import FixedPartitionedSource
 
