@@ -286,3 +286,18 @@ def test_chain_of_three_stateful_steps_with_rekeying(spark, tmp_path):
     run_main(_chain_flow(JsonlDirSource(root, ["a"], batch=5, bounded=True), local))
     # Each stage counts, so whatever the order of keys between stages, the multiset is the same.
     assert sorted(streamed) == sorted(local) == [("all", n) for n in range(1, 40)]
+
+
+def test_interval_trigger_runs_until_timeout(spark, tmp_path):
+    """A processing-time trigger keeps the query running; `timeout` stops it between micro-batches."""
+    from flowspark.spark import run
+
+    root = str(tmp_path / "in")
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": "amy"}, {"user": "bob"}, {"user": "amy"}])
+    write_jsonl(f"{root}/b/0001.jsonl", [{"user": "cy"}])
+    out: list = []
+    sr = run(_count_flow(root, out), spark=spark, checkpoint=str(tmp_path / "chk"), trigger="1 second",
+             timeout=15, progress=False)
+    assert sorted(out) == [("amy", 1), ("amy", 2), ("bob", 1), ("cy", 1)]
+    assert not sr.query.isActive
+    assert sr.query.exception() is None
