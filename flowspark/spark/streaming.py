@@ -69,6 +69,7 @@ from flowspark.spark.runtime import (
     encode_task_error,
     idx,
     loads,
+    no_gc,
     run_stage_rows,
     stage_function,
 )
@@ -372,7 +373,7 @@ class BucketDriver:
         # Tick rows (key NULL, see pysource.TickDataSource) only make the micro-batch run.
         rows = [r for r in rows if r[0] is not None]
         try:
-            with use_clock(lambda: now):
+            with use_clock(lambda: now), no_gc():
                 emits = self.process(table, rows, now)
                 emits.sort(key=lambda e: e[0])
                 cols = run_stage_rows(self.spec, emits)
