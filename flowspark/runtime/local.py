@@ -820,8 +820,7 @@ def run_main(
         clock: `"system"` (default: notifications fire on wall-clock UTC time, also
             while input is paused) or `"logical"`: no wall clock; time starts at
             `start_time` and, whenever the flow is idle, jumps to the next due
-            notification. This is how the Spark batch runtime runs timers, so the
-            two can be compared item for item.
+            notification (deterministic tests of timers without waiting).
             Or `"fixed"`: time stands still at `start_time` for the whole run, input
             pauses are skipped, and each key's notifications fire on the timeline of
             the Spark batch runtime: before each value, every notification due at or

@@ -476,6 +476,9 @@ def run(
         >>> out  # doctest: +SKIP
         [2, 3]
     """
+    from flowspark.spark.session import ship_user_modules
+
+    ship_user_modules()
     plan = compile_flow(flow)
     if start_time is None:
         start_time = datetime.now(timezone.utc)

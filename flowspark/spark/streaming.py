@@ -914,6 +914,9 @@ def run_streaming(
     if not isinstance(buckets, int) or buckets < 1:
         msg = f"flowspark.spark.run: buckets must be a positive int; received {buckets!r}"
         raise FlowsparkTypeError(msg)
+    from flowspark.spark.session import ship_user_modules
+
+    ship_user_modules()
     plan, depths = compile_streaming(flow)
     if explain:
         print(plan)
@@ -967,6 +970,7 @@ def _wait(sr: StreamingRun, query: Any, lst: _Listener, trigger: Optional[str], 
     interrupted = False
     old = None
     if threading.current_thread() is threading.main_thread():
+
         def on_int(_sig: int, _frm: Any) -> None:
             nonlocal interrupted
             interrupted = True
