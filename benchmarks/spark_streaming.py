@@ -122,8 +122,11 @@ def run_per_key(spark: Any, events: int, keys: int, batches: int, work: str) -> 
     q = df.groupBy("key").applyInPandasWithState(count, "key string, n long", "n long", "append", "NoTimeout")
     t0 = time.perf_counter()
     query = (
-        q.writeStream.format("parquet").option("path", f"{work}/pk_out").option("checkpointLocation", f"{work}/pk_chk")
-        .trigger(availableNow=True).start()
+        q.writeStream.format("parquet")
+        .option("path", f"{work}/pk_out")
+        .option("checkpointLocation", f"{work}/pk_chk")
+        .trigger(availableNow=True)
+        .start()
     )
     query.awaitTermination()
     return time.perf_counter() - t0
@@ -145,8 +148,10 @@ def main() -> None:
     try:
         fs = run_flowspark(spark, args.events, args.keys, args.batches, work)
         got = spark.read.parquet(f"{work}/fs_out").count()
-        print(f"flowspark bucketed: {args.events} events, {args.keys} keys, {args.batches} micro-batches: "
-              f"{fs:.1f} s, {args.events / fs:,.0f} events/s ({got} output rows)")
+        print(
+            f"flowspark bucketed: {args.events} events, {args.keys} keys, {args.batches} micro-batches: "
+            f"{fs:.1f} s, {args.events / fs:,.0f} events/s ({got} output rows)"
+        )
         if not args.skip_per_key:
             pk = run_per_key(spark, args.events, args.keys, args.batches, work)
             print(f"hand-written per-key applyInPandasWithState: {pk:.1f} s, {args.events / pk:,.0f} events/s")

@@ -54,8 +54,14 @@ def test_running_count_available_now_then_resume(spark, tmp_path):
     write_jsonl(f"{root}/b/0001.jsonl", [{"user": f"u{i % 2}"} for i in range(4)])
     out: list = []
     lines: list = []
-    run(_count_flow(root, out), spark=spark, checkpoint=chk, trigger="available_now", progress=lines.append,
-        listener=_Recorder())
+    run(
+        _count_flow(root, out),
+        spark=spark,
+        checkpoint=chk,
+        trigger="available_now",
+        progress=lines.append,
+        listener=_Recorder(),
+    )
     # One progress line per micro-batch; the user's listener saw the same micro-batches.
     import time
 
@@ -142,8 +148,14 @@ def test_same_output_as_in_memory_executor(spark, tmp_path):
     run_main(_same_files_flow(JsonlDirSource(root, ["p1"], batch=25, bounded=True), local))
     streamed: list = []
     src = JsonlDirSource(root, ["p1"], batch=25)
-    run(_same_files_flow(src, streamed), spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now",
-        progress=False, max_items=30)
+    run(
+        _same_files_flow(src, streamed),
+        spark=spark,
+        checkpoint=str(tmp_path / "chk"),
+        trigger="available_now",
+        progress=False,
+        max_items=30,
+    )
     assert len(local) == len(streamed) > 0
 
     def per_key(items):
@@ -162,14 +174,16 @@ def test_malformed_rows_go_to_a_dead_letter_output(spark, tmp_path):
     src_dir = tmp_path / "json"
     src_dir.mkdir()
     (src_dir / "part1.json").write_text(
-        '{"user": "amy", "n": 1}\n'
-        "{not json at all\n"
-        '{"user": "bob", "n": "three"}\n'
-        '{"user": "amy", "n": 2}\n'
+        '{"user": "amy", "n": 1}\n{not json at all\n{"user": "bob", "n": "three"}\n{"user": "amy", "n": 2}\n'
     )
     schema = "user STRING, n LONG, _corrupt_record STRING"
-    source = SparkSource("json", str(src_dir), schema=schema, streaming=True,
-                         options={"columnNameOfCorruptRecord": "_corrupt_record", "mode": "PERMISSIVE"})
+    source = SparkSource(
+        "json",
+        str(src_dir),
+        schema=schema,
+        streaming=True,
+        options={"columnNameOfCorruptRecord": "_corrupt_record", "mode": "PERMISSIVE"},
+    )
     good: list = []
     dead: list = []
     flow = Dataflow("dead_letter")
@@ -223,15 +237,23 @@ def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path):
             write_jsonl(f"{root}/{part}/{f:04d}.jsonl", [{"user": f"u{(i * 3 + f) % 7}"} for i in range(150)])
     # The uninterrupted run, in this process.
     ref_out = str(tmp_path / "ref_out")
-    run(build(root, ref_out), spark=spark, checkpoint=str(tmp_path / "ref_chk"), trigger="available_now",
-        max_items=100, progress=False)
+    run(
+        build(root, ref_out),
+        spark=spark,
+        checkpoint=str(tmp_path / "ref_chk"),
+        trigger="available_now",
+        max_items=100,
+        progress=False,
+    )
     # The killed run: a driver process killed with SIGKILL once some micro-batches are committed.
     chk = str(tmp_path / "chk")
     out = str(tmp_path / "out")
     here = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.Popen(
         [sys.executable, os.path.join(here, "streaming_driver.py"), root, chk, out],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )
     commits = os.path.join(chk, "query", "commits")
     deadline = time.monotonic() + 240
@@ -296,8 +318,14 @@ def test_interval_trigger_runs_until_timeout(spark, tmp_path):
     write_jsonl(f"{root}/a/0001.jsonl", [{"user": "amy"}, {"user": "bob"}, {"user": "amy"}])
     write_jsonl(f"{root}/b/0001.jsonl", [{"user": "cy"}])
     out: list = []
-    sr = run(_count_flow(root, out), spark=spark, checkpoint=str(tmp_path / "chk"), trigger="1 second",
-             timeout=15, progress=False)
+    sr = run(
+        _count_flow(root, out),
+        spark=spark,
+        checkpoint=str(tmp_path / "chk"),
+        trigger="1 second",
+        timeout=15,
+        progress=False,
+    )
     assert sorted(out) == [("amy", 1), ("amy", 2), ("bob", 1), ("cy", 1)]
     assert not sr.query.isActive
     assert sr.query.exception() is None

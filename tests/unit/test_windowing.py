@@ -356,8 +356,13 @@ def test_join_window_session_merge_keeps_first_and_last_by_time():
         left = op.input("l", flow, TestingSource([kv("k", 0, "old"), kv("k", 30, "new"), kv("k", 15, "bridge")]))
         right = op.input("r", flow, TestingSource([]))
         w = win.join_window(
-            "jw", event_clock(100), win.SessionWindower(timedelta(seconds=20)), left, right,
-            insert_mode=mode, ordered=False,
+            "jw",
+            event_clock(100),
+            win.SessionWindower(timedelta(seconds=20)),
+            left,
+            right,
+            insert_mode=mode,
+            ordered=False,
         )
         out: list[Any] = []
         op.output("out", w.down, TestingSink(out))

@@ -185,9 +185,7 @@ def test_join_window_matches_bytewax(insert_mode, emit_mode, rows, spec, ordered
         # unordered application depends on how the runtime interleaves the two
         # sides: keep one side per key so that order is the input order
         items = [(0 if k == "a" else 1, (k, tv)) for _side, (k, tv) in items]
-    compare(
-        "join", items, spec, sec(1000), insert_mode=insert_mode, emit_mode=emit_mode, ordered=ordered, batch_size=1
-    )
+    compare("join", items, spec, sec(1000), insert_mode=insert_mode, emit_mode=emit_mode, ordered=ordered, batch_size=1)
 
 
 def test_handpicked_late_and_out_of_order_cases_match_bytewax():

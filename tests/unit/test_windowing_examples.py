@@ -108,9 +108,7 @@ def test_sliding_ten_minute_windows_every_five_minutes():
         for start in (last_start - five, last_start):  # the two 10-minute windows holding ts
             acc[(sym, start)][0] += 1
             acc[(sym, start)][1] += qty
-    want = sorted(
-        ("window", s, st.isoformat(), (st + 2 * five).isoformat(), n, q) for (s, st), (n, q) in acc.items()
-    )
+    want = sorted(("window", s, st.isoformat(), (st + 2 * five).isoformat(), n, q) for (s, st), (n, q) in acc.items())
     out = run_example("windowing_sliding")
     assert sorted(x for x in out if x[0] == "window") == want
     late_want = []
