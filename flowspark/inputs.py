@@ -12,13 +12,14 @@ import csv
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Generic, Optional, TypeVar, Union
 
 from typing_extensions import override
 
+from flowspark._time import utc_now
 from flowspark.errors import FlowsparkTypeError
 
 X = TypeVar("X")
@@ -225,7 +226,7 @@ class SimplePollingSource(FixedPartitionedSource[X, Any]):
 
     @override
     def build_part(self, step_id: str, for_part: str, resume_state: Optional[Any]) -> _SimplePollingPartition[X]:
-        now = datetime.now(timezone.utc)
+        now = utc_now()
         if resume_state is not None:
             self.resume(resume_state)
         return _SimplePollingPartition(now, self._interval, self._align_to, self)
