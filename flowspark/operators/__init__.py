@@ -1131,6 +1131,21 @@ def overrides(obj: Any, base: type, name: str) -> bool:
     return getattr(type(obj), name) is not getattr(base, name)
 
 
+_NOTIFY_CACHE: dict[type, bool] = {}
+
+
+def _wants_notify(logic: Any) -> bool:
+    """Whether a logic's class overrides `notify_at` (runtimes skip the call otherwise; cached per class)."""
+    inner = logic.logic if type(logic) is _StatefulLogic else logic
+    cls: type = type(inner)
+    hit = _NOTIFY_CACHE.get(cls)
+    if hit is None:
+        base: type = StatefulLogic if isinstance(inner, StatefulLogic) else StatefulBatchLogic
+        hit = getattr(cls, "notify_at") is not getattr(base, "notify_at")  # noqa: B009
+        _NOTIFY_CACHE[cls] = hit
+    return hit
+
+
 @operator
 def stateful(
     step_id: str,

@@ -34,7 +34,7 @@ from flowspark.inputs import (
     DynamicSource,
     FixedPartitionedSource,
 )
-from flowspark.operators import StatefulBatchLogic, StatefulLogic, _StatefulLogic
+from flowspark.operators import _NOTIFY_CACHE, StatefulBatchLogic, _StatefulLogic, _wants_notify
 from flowspark.outputs import DynamicSink, FixedPartitionedSink
 from flowspark.recovery import DELETED, RecoveryConfig, RecoveryStore
 
@@ -345,20 +345,6 @@ class _MergeRt(_Rt):
         if out:
             ex.emit(self.down, out)
         self.eof = all(ex.is_eof(up) for up in self.ups)
-
-
-_NOTIFY_CACHE: dict[type, bool] = {}
-
-
-def _wants_notify(logic: Any) -> bool:
-    inner = logic.logic if type(logic) is _StatefulLogic else logic
-    cls = type(inner)
-    hit = _NOTIFY_CACHE.get(cls)
-    if hit is None:
-        base = StatefulLogic if isinstance(inner, StatefulLogic) else StatefulBatchLogic
-        hit = cls.notify_at is not base.notify_at
-        _NOTIFY_CACHE[cls] = hit
-    return hit
 
 
 class _StatefulRt(_Rt):

@@ -50,7 +50,7 @@ import cloudpickle
 
 from flowspark._time import use_clock
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError
-from flowspark.operators import StatefulBatchLogic, StatefulLogic, _StatefulLogic
+from flowspark.operators import StatefulBatchLogic, _wants_notify
 
 __all__ = [
     "EOF_BASE",
@@ -271,18 +271,6 @@ class StageSpec:
 
 
 # --------------------------------------------------------------------------- keyed driver
-_NOTIFY_CACHE: dict[type, bool] = {}
-
-
-def _wants_notify(logic: Any) -> bool:
-    inner = logic.logic if type(logic) is _StatefulLogic else logic
-    cls = type(inner)
-    hit = _NOTIFY_CACHE.get(cls)
-    if hit is None:
-        base = StatefulLogic if isinstance(inner, StatefulLogic) else StatefulBatchLogic
-        hit = cls.notify_at is not base.notify_at
-        _NOTIFY_CACHE[cls] = hit
-    return hit
 
 
 def _build(step: KeyedStep, key: str, state: Any) -> Any:
