@@ -953,9 +953,7 @@ def _split(events: KeyedStream[Any]) -> WindowOut[Any, Any]:
 
 
 def _check_common(step_id: str, up: Any, clock: Any, windower: Any) -> None:
-    if not isinstance(up, Stream):
-        msg = f"step {step_id!r}: up must be a Stream returned by another operator; received {up!r}"
-        raise FlowsparkTypeError(msg)
+    op._check_stream(step_id, "up", up)
     if not isinstance(clock, Clock):
         msg = (
             f"step {step_id!r}: clock must be a Clock such as EventClock(...) or SystemClock(); "

@@ -34,7 +34,7 @@ from flowspark.inputs import (
     DynamicSource,
     FixedPartitionedSource,
 )
-from flowspark.operators import _NOTIFY_CACHE, StatefulBatchLogic, _StatefulLogic, _wants_notify
+from flowspark.operators import _NOTIFY_CACHE, StatefulBatchLogic, _check_bool, _StatefulLogic, _wants_notify
 from flowspark.outputs import DynamicSink, FixedPartitionedSink
 from flowspark.recovery import DELETED, RecoveryConfig, RecoveryStore
 
@@ -318,11 +318,7 @@ class _BranchRt(_Rt):
                     elif r is False:
                         falses.append(x)
                     else:
-                        msg = (
-                            f"step {self.step_id!r}: branch predicate must return a bool; "
-                            f"returned {r!r} of type {type(r).__name__} for item {x!r}"
-                        )
-                        raise FlowsparkTypeError(msg)
+                        _check_bool(self.step_id, "branch predicate", x, r)
             except Exception as e:
                 raise _fail(self.step_id, e) from e
             if trues:

@@ -50,7 +50,7 @@ import cloudpickle
 
 from flowspark._time import use_clock
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError
-from flowspark.operators import StatefulBatchLogic, _wants_notify
+from flowspark.operators import StatefulBatchLogic, _check_bool, _wants_notify
 
 __all__ = [
     "EOF_BASE",
@@ -310,6 +310,29 @@ def _due(step_id: str, key: str, logic: Any, now: datetime, last: Optional[datet
     return None
 
 
+def _fire_due(
+    sid: str, key: str, logic: Any, now: datetime, seq: bytes, n: int, out: list[tuple[bytes, Any]]
+) -> tuple[Any, int]:
+    """Fire the key's notifications due at `now` (re-checking after each); emits get `seq + idx(n...)`.
+
+    Returns:
+        The logic (`None` if a notification discarded it) and the next emit index.
+    """
+    last_fired: Optional[datetime] = None
+    while logic is not None:
+        at = _due(sid, key, logic, now, last_fired)
+        if at is None:
+            break
+        last_fired = at
+        ws, discard = _emits(sid, key, logic.on_notify(), "on_notify()")
+        for w in ws:
+            out.append((seq + idx(n), w))
+            n += 1
+        if discard:
+            logic = None
+    return logic, n
+
+
 def _run_step(
     step: KeyedStep,
     key: str,
@@ -358,24 +381,12 @@ def _run_step(
             if discard:
                 logic = None
         return out, logic
-    last_fired: Optional[datetime] = None
     for seq, v in items:
         n = 0
-        last_fired = None
         if logic is None:
             logic = _build(step, key, None)
             built = seq
-        while logic is not None:
-            at = _due(sid, key, logic, now, last_fired)
-            if at is None:
-                break
-            last_fired = at
-            ws, discard = _emits(sid, key, logic.on_notify(), "on_notify()")
-            for w in ws:
-                out.append((seq + idx(n), w))
-                n += 1
-            if discard:
-                logic = None
+        logic, n = _fire_due(sid, key, logic, now, seq, n, out)
         if logic is None:
             logic = _build(step, key, None)
             built = seq
@@ -388,18 +399,7 @@ def _run_step(
     if eof and logic is not None:
         last_seq = _eof_seq(step.level, built)
         n = EOF_BASE
-        last_fired = None
-        while logic is not None:
-            at = _due(sid, key, logic, now, last_fired)
-            if at is None:
-                break
-            last_fired = at
-            ws, discard = _emits(sid, key, logic.on_notify(), "on_notify()")
-            for w in ws:
-                out.append((last_seq + idx(n), w))
-                n += 1
-            if discard:
-                logic = None
+        logic, n = _fire_due(sid, key, logic, now, last_seq, n, out)
         if logic is not None:
             ws, discard = _emits(sid, key, logic.on_eof(), "on_eof()")
             for w in ws:
@@ -562,11 +562,7 @@ def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]])
                     elif r is False:
                         falses.append(sx)
                     else:
-                        msg = (
-                            f"step {op.step_id!r}: branch predicate must return a bool; "
-                            f"returned {r!r} of type {type(r).__name__} for item {sx[1]!r}"
-                        )
-                        raise FlowsparkTypeError(msg)
+                        _check_bool(op.step_id, "branch predicate", sx[1], r)
             except Exception as e:
                 raise StepFailure(op.step_id, e) from e
             streams[op.downs[0]] = trues
