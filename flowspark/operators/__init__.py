@@ -8,12 +8,14 @@ operator here is a short composite of them.
 
 from __future__ import annotations
 
+import builtins
 import copy
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any, Callable, ClassVar, Generic, Literal, Optional, TypeVar
 
 from typing_extensions import Self, TypeAlias, override
@@ -554,9 +556,14 @@ def map(step_id: str, up: Stream[X], mapper: Callable[[X], Y]) -> Stream[Y]:  # 
     _check_callable(step_id, "mapper", mapper)
 
     def shim_mapper(xs: list[X]) -> list[Y]:
-        return [mapper(x) for x in xs]
+        return list(_map(mapper, xs))
 
     return flat_map_batch("flat_map_batch", up, shim_mapper)
+
+
+_map = builtins.map  # `map` is the operator below
+_first = itemgetter(0)
+_second = itemgetter(1)
 
 
 def _unpack_kv(step_id: str, k_v: Any) -> tuple[Any, Any]:
@@ -595,6 +602,8 @@ def map_value(step_id: str, up: KeyedStream[V], mapper: Callable[[V], W]) -> Key
     _check_callable(step_id, "mapper", mapper)
 
     def shim_mapper(xs: list[tuple[str, V]]) -> list[tuple[str, W]]:
+        if set(_map(type, xs)) == {tuple} and set(_map(len, xs)) == {2}:
+            return list(zip(_map(_first, xs), _map(mapper, _map(_second, xs))))
         out = []
         for k_v in xs:
             k, v = _unpack_kv(step_id, k_v)
@@ -782,9 +791,11 @@ def key_on(step_id: str, up: Stream[X], key: Callable[[X], str]) -> KeyedStream[
     _check_callable(step_id, "key", key)
 
     def shim_mapper(xs: list[X]) -> list[tuple[str, X]]:
+        ks = list(_map(key, xs))
+        if set(_map(type, ks)) <= {str}:
+            return list(zip(ks, xs))
         out = []
-        for x in xs:
-            k = key(x)
+        for k, x in zip(ks, xs):
             if type(k) is not str and not isinstance(k, str):
                 msg = (
                     f"step {step_id!r}: key function must return a str; returned {k!r} of "

@@ -251,13 +251,16 @@ def compile_flow(flow: Any) -> Plan:
     level: dict[str, int] = {}  # stateful steps on the longest path from a source
     sinks: list[tuple[str, Any, str, str]] = []
     inspects: list[tuple[str, Any, str]] = []
+    plain: set[str] = set()  # ports read by something other than a keyed stage
     n_inputs = 0
 
     def port(stream: str, key_for: Optional[str] = None) -> None:
         b = loc[stream]
         if stream not in b.ports:
             b.ports.append(stream)
-        if key_for is not None and stream not in b.key_for:
+        if key_for is None:
+            plain.add(stream)
+        elif stream not in b.key_for:
             b.key_for[stream] = key_for
 
     def new_stage(kind: str, source: str, entry: str) -> _Builder:
@@ -367,6 +370,9 @@ def compile_flow(flow: Any) -> Plan:
         b = loc[stream]
         return (b.stage_id, b.ports.index(stream))
 
+    def value_only(stream: str) -> bool:
+        return stream in loc[stream].key_for and stream not in plain
+
     plans: list[StagePlan] = []
     for b in stages:
         spec = StageSpec(
@@ -375,9 +381,10 @@ def compile_flow(flow: Any) -> Plan:
             entry=b.entry,
             chain=tuple(b.chain),
             ops=tuple(b.ops),
-            ports=tuple(Port(s, b.key_for.get(s)) for s in b.ports),
+            ports=tuple(Port(s, b.key_for.get(s), value_only(s)) for s in b.ports),
             source_step=b.source_step,
             source_index=b.source_index,
+            input_value_only=b.kind == "keyed" and value_only(b.inputs[0][0]),
         )
         inputs = tuple((*ref(u), pad) for u, pad in b.inputs)
         plans.append(StagePlan(spec, b.kind, inputs, tuple(b.steps), b.source_obj))

@@ -37,6 +37,9 @@ from __future__ import annotations
 
 import base64
 import gc
+import itertools
+import marshal
+import operator
 import pickle
 import re
 import struct
@@ -74,6 +77,8 @@ EOF_HEADER = 0xFFFF0000
 HEAD_LEN = 16
 
 _IDX_CACHE = [struct.pack(">I", i) for i in range(4096)]
+_first = operator.itemgetter(0)
+_second = operator.itemgetter(1)
 _PACK_I = struct.Struct(">I").pack
 _PACK_SRC = struct.Struct(">IIQ").pack
 _KEY_CHUNK = 4096
@@ -91,6 +96,34 @@ def idx(i: int) -> bytes:
     return _IDX_CACHE[i] if i < 4096 else _PACK_I(i)
 
 
+def source_items(source_index: int, partition: int, start: int, xs: list[Any]) -> list[tuple[bytes, Any]]:
+    """Stamp consecutive items of one source partition with their sequences.
+
+    Args:
+        source_index: Index of the input step in the flow.
+        partition: Index of the source partition.
+        start: Position of the first item in its partition.
+        xs: The items.
+
+    Returns:
+        `(sequence, item)` pairs; item `i` gets `source_seq(source_index, partition, start + i)`.
+    """
+    n = len(xs)
+    if n < 16:
+        return [(_PACK_SRC(source_index, partition, start + i), x) for i, x in enumerate(xs)]
+    import numpy as np
+
+    arr = np.empty(n, dtype=_SEQ_DTYPE)
+    arr["s"] = source_index
+    arr["p"] = partition
+    arr["q"] = np.arange(start, start + n, dtype=np.uint64)
+    buf = arr.tobytes()
+    return list(zip([buf[i : i + HEAD_LEN] for i in range(0, n * HEAD_LEN, HEAD_LEN)], xs))
+
+
+_SEQ_DTYPE = [("s", ">u4"), ("p", ">u4"), ("q", ">u8")]
+
+
 def source_seq(source_index: int, partition: int, position: int) -> bytes:
     """Encode the sequence a source stamps on an item.
 
@@ -105,22 +138,78 @@ def source_seq(source_index: int, partition: int, position: int) -> bytes:
     return _PACK_SRC(source_index, partition, position)
 
 
+#: Exact types `marshal` round-trips without changing them. (It writes anything with the
+#: buffer protocol, numpy arrays and scalars included, as plain bytes, and refuses
+#: subclasses such as namedtuples and enums, so only these, at most one container deep,
+#: take the fast path; everything else is pickled.)
+_FLAT = frozenset({int, float, str, bool, type(None), bytes})
+_marshal_dumps = marshal.dumps
+_marshal_loads = marshal.loads
+_pickle_loads = pickle.loads
+
+
+def _is_flat(x: Any) -> bool:
+    t = type(x)
+    if t in _FLAT:
+        return True
+    if t is tuple or t is list:
+        return all(type(e) in _FLAT for e in x)
+    if t is dict:
+        return all(type(k) in _FLAT and type(v) in _FLAT for k, v in x.items())
+    return False
+
+
 def dumps(x: Any) -> bytes:
-    """Pickle an item (plain pickle, cloudpickle for what plain pickle refuses).
+    """Encode an item for a Spark row.
+
+    Flat values (exact `int`, `float`, `str`, `bool`, `None`, `bytes`, or a tuple, list
+    or dict of them) use `marshal` (about twice as fast as pickle both ways); anything
+    else uses pickle (protocol 5), then cloudpickle for what plain pickle refuses. A
+    pickle always starts with byte 0x80 and a marshal never does, which is how `loads`
+    tells them apart.
 
     Args:
         x: The item.
 
     Returns:
         The bytes.
+
+    Example:
+        >>> loads(dumps(("a", 1))), loads(dumps({"b": [1]}))
+        (('a', 1), {'b': [1]})
     """
+    if _is_flat(x):
+        return _marshal_dumps(x)
     try:
         return pickle.dumps(x, protocol=5)
     except Exception:  # noqa: BLE001
         return cloudpickle.dumps(x, protocol=5)
 
 
-loads = pickle.loads
+def loads(b: bytes) -> Any:
+    """Decode bytes made by `dumps`.
+
+    Args:
+        b: The bytes.
+
+    Returns:
+        The item.
+    """
+    return _pickle_loads(b) if b[0] == 0x80 else _marshal_loads(b)
+
+
+def loads_all(bs: list[bytes]) -> list[Any]:
+    """Decode a column of `dumps` bytes.
+
+    Args:
+        bs: The encoded items.
+
+    Returns:
+        The items, in order.
+    """
+    if any(b[0] == 0x80 for b in bs):
+        return list(map(loads, bs))
+    return list(map(_marshal_loads, bs))
 
 
 # --------------------------------------------------------------------------- errors
@@ -241,11 +330,14 @@ class Port:
     """A stream that leaves its stage (to another stage, a sink or the driver).
 
     `key_for` names the stateful step whose input this stream is: the stage
-    then checks items are `(str, value)` and fills the key column.
+    then checks items are `(str, value)` and fills the key column. `value_only`:
+    every reader of the port is a keyed stage, so the `v` column holds only the
+    value (the key is in `k`); otherwise it holds the whole `(key, value)` item.
     """
 
     stream: str
     key_for: Optional[str] = None
+    value_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -256,7 +348,8 @@ class StageSpec:
     stage), `chunks` (pickled lists of items sent from the driver), `parts`
     (source partitions to build and read), `native` (rows of a Spark DataFrame,
     one dict per row). `entry` is the stream the input items (or, when `chain` is
-    not empty, the chain's emits) belong to.
+    not empty, the chain's emits) belong to. `input_value_only`: for a keyed stage,
+    whether its input rows carry only the value in `v` (see `Port.value_only`).
     """
 
     stage_id: int
@@ -267,6 +360,7 @@ class StageSpec:
     ports: tuple[Port, ...] = ()
     source_step: str = ""
     source_index: int = 0
+    input_value_only: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -473,17 +567,39 @@ def drive_sorted_rows(
     Yields:
         `(key, emits)` for each key, in the order of the rows.
     """
+    for key, grp in itertools.groupby(rows, key=_first):
+        yield key, drive_key(key, [(s, v) for _k, s, v in grp], steps, now=now)[0]
+
+
+def _key_runs(batches: Iterator[Any], value_only: bool) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:
+    """Group Arrow batches of `(k, seq, v)` rows sorted by (k, seq) into `(key, [(seq, value)])` runs.
+
+    A key's rows may span batches; each key is yielded once, with all its rows.
+    """
+    import pyarrow.compute as pc
+
     cur_key: Optional[str] = None
     buf: list[tuple[bytes, Any]] = []
-    for k, s, v in rows:
-        if k != cur_key:
-            if cur_key is not None:
-                yield cur_key, drive_key(cur_key, buf, steps, now=now)[0]
-            cur_key = k
-            buf = []
-        buf.append((s, v))
+    for b in batches:
+        if not b.num_rows:
+            continue
+        ss = b.column(1).to_pylist()
+        vs = loads_all(b.column(2).to_pylist())
+        if not value_only:
+            vs = list(map(_second, vs))
+        runs = pc.run_end_encode(b.column(0))
+        start = 0
+        for key, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist(), strict=True):
+            if key != cur_key:
+                if cur_key is not None:
+                    yield cur_key, buf
+                cur_key = key
+                buf = list(zip(ss[start:end], vs[start:end]))
+            else:
+                buf.extend(zip(ss[start:end], vs[start:end]))
+            start = end
     if cur_key is not None:
-        yield cur_key, drive_key(cur_key, buf, steps, now=now)[0]
+        yield cur_key, buf
 
 
 # --------------------------------------------------------------------------- stateless ops
@@ -572,6 +688,13 @@ def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]])
                 streams[d] = ins
 
 
+def _first_bad_key_item(step_id: str, xs: list[Any]) -> FlowsparkTypeError:
+    for x in xs:
+        if type(x) is not tuple or len(x) != 2 or type(x[0]) is not str:
+            return _bad_key_item(step_id, x)
+    raise AssertionError(step_id)
+
+
 def _port_rows(
     spec: StageSpec,
     streams: dict[str, list[tuple[bytes, Any]]],
@@ -584,21 +707,22 @@ def _port_rows(
         items = streams.get(port.stream)
         if not items:
             continue
+        n = len(items)
+        xs = list(map(_second, items))
+        out_p.extend([p] * n)
+        out_s.extend(map(_first, items))
         if port.key_for is not None:
-            sid = port.key_for
-            for s, x in items:
-                if type(x) is not tuple or len(x) != 2 or type(x[0]) is not str:
-                    raise StepFailure(sid, _bad_key_item(sid, x))
-                out_p.append(p)
-                out_k.append(x[0])
-                out_s.append(s)
-                out_v.append(dumps(x))
+            # Checked column-wise: every item a 2-tuple whose key is a str.
+            if not (set(map(type, xs)) == {tuple} and set(map(len, xs)) == {2}):
+                raise StepFailure(port.key_for, _first_bad_key_item(port.key_for, xs))
+            ks = list(map(_first, xs))
+            if set(map(type, ks)) != {str}:
+                raise StepFailure(port.key_for, _first_bad_key_item(port.key_for, xs))
+            out_k.extend(ks)
+            out_v.extend(map(dumps, map(_second, xs) if port.value_only else xs))
         else:
-            for s, x in items:
-                out_p.append(p)
-                out_k.append(None)
-                out_s.append(s)
-                out_v.append(dumps(x))
+            out_k.extend([None] * n)
+            out_v.extend(map(dumps, xs))
 
 
 def run_stage_rows(
@@ -688,8 +812,7 @@ def _entry_items_from_source(spec: StageSpec, batch: Any, partition_id: int) -> 
         blobs = batch.column(2).to_pylist()
         for head, blob in zip(seqs, blobs, strict=True):
             si, pi, pos = struct.unpack(">IIQ", head)
-            xs = loads(blob)
-            yield [(_PACK_SRC(si, pi, pos + i), x) for i, x in enumerate(xs)]
+            yield source_items(si, pi, pos, loads(blob))
     elif src == "parts":
         seqs = batch.column(1).to_pylist()
         blobs = batch.column(2).to_pylist()
@@ -705,7 +828,7 @@ def _entry_items_from_source(spec: StageSpec, batch: Any, partition_id: int) -> 
                 raise StepFailure(spec.source_step, e) from e
             pos = 0
             for xs in _read_partition(spec.source_step, part):
-                yield [(_PACK_SRC(si, pi, pos + i), x) for i, x in enumerate(xs)]
+                yield source_items(si, pi, pos, xs)
                 pos += len(xs)
     else:
         raise AssertionError(src)
@@ -766,16 +889,9 @@ def _stage_columns(
     src = spec.source
     if spec.chain:
         # Keyed stage: rows arrive sorted by (k, seq).
-        def rows() -> Iterator[tuple[str, bytes, Any]]:
-            for b in batches:
-                ks = b.column(0).to_pylist()
-                ss = b.column(1).to_pylist()
-                vs = b.column(2).to_pylist()
-                for k, s, v in zip(ks, ss, vs, strict=True):
-                    yield k, s, loads(v)[1]
-
         pending: list[tuple[bytes, Any]] = []
-        for key, emits in drive_sorted_rows(rows(), spec.chain, now=now):
+        for key, items in _key_runs(batches, spec.input_value_only):
+            emits = drive_key(key, items, spec.chain, now=now)[0]
             if emits:
                 pending.extend([(s, (key, w)) for s, w in emits])
             if len(pending) >= out_rows:
@@ -787,8 +903,7 @@ def _stage_columns(
     if src == "rows":
         for b in batches:
             ss = b.column(1).to_pylist()
-            vs = b.column(2).to_pylist()
-            yield run_stage_rows(spec, [(s, loads(v)) for s, v in zip(ss, vs, strict=True)])
+            yield run_stage_rows(spec, list(zip(ss, loads_all(b.column(2).to_pylist()))))
         return
     if src == "native":
         si = spec.source_index
@@ -798,7 +913,7 @@ def _stage_columns(
                 xs = b.to_pylist()
             except Exception as e:
                 raise StepFailure(spec.source_step, e) from e
-            items = [(_PACK_SRC(si, partition_id, pos + i), x) for i, x in enumerate(xs)]
+            items = source_items(si, partition_id, pos, xs)
             pos += len(xs)
             yield run_stage_rows(spec, items)
         return

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 import pickle
 import signal
@@ -69,6 +70,7 @@ from flowspark.spark.runtime import (
     encode_task_error,
     idx,
     loads,
+    loads_all,
     no_gc,
     run_stage_rows,
     stage_function,
@@ -84,6 +86,7 @@ _ROW_SCHEMA = "p int, k string, seq binary, v binary"
 _STATE_SCHEMA = "blob binary"
 _DEFAULT_BUCKETS = 64
 _DEFAULT_INTERVAL = "500 milliseconds"
+_second = operator.itemgetter(1)
 
 
 class _Streamed(TestingSource):
@@ -269,6 +272,7 @@ class BucketDriver:
             StepFailure: A user callable failed.
         """
         out: list[tuple[bytes, Any]] = []
+        value_only = self.spec.input_value_only
         rows.sort(key=lambda r: (r[0], r[1]))
         n = len(rows)
         i = 0
@@ -277,7 +281,8 @@ class BucketDriver:
             j = i
             while j < n and rows[j][0] == key:
                 j += 1
-            items = [(s, loads(v)[1]) for _k, s, v in rows[i:j]]
+            vs = loads_all([v for _k, _s, v in rows[i:j]])
+            items = list(zip([r[1] for r in rows[i:j]], vs if value_only else map(_second, vs)))
             i = j
             ent = table.get(key)
             logics = self._logics(key, ent[0] if ent else None)

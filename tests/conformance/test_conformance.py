@@ -12,6 +12,7 @@ from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from typing import Any, Optional
 
+import numpy as np
 import pytest
 
 import flowspark.operators as op
@@ -515,3 +516,18 @@ def test_abort_marker(runtime):
         return
     runtime.run(flow)
     assert out == [1]
+
+
+def test_a_keyed_stream_read_by_a_sink_and_a_stateful_step(runtime):
+    """The sink still gets whole `(key, value)` items while the stateful step reads the same port."""
+    flow = Dataflow("shared")
+    raw: list[Any] = []
+    totals: list[Any] = []
+    items = [("a", 1), ("b", 2), ("a", np.int64(3)), ("b", (4, "x"))]
+    k = op.input("inp", flow, TestingSource(items))
+    op.output("raw", k, TestingSink(raw))
+    op.output("out", op.stateful_map("n", k, lambda st, v: ((st or 0) + 1, ((st or 0) + 1, v))), TestingSink(totals))
+    runtime.run(flow)
+    assert raw == items
+    assert [type(v) for _, v in raw] == [int, int, np.int64, tuple]
+    assert per_key(totals) == {"a": [(1, 1), (2, np.int64(3))], "b": [(1, 2), (2, (4, "x"))]}

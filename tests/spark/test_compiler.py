@@ -130,3 +130,19 @@ def test_compiler_module_needs_no_session():
     before = SparkSession.getActiveSession()
     compile_flow(keyed_flow())
     assert SparkSession.getActiveSession() is before
+
+
+def test_keyed_ports_carry_only_the_value_unless_something_else_reads_them():
+    plan = compile_flow(keyed_flow())
+    src, keyed = plan.stages
+    assert src.spec.ports[0].value_only
+    assert keyed.spec.input_value_only
+
+    flow = Dataflow("g")
+    k = op.key_on("k", op.input("inp", flow, TestingSource(["a"])), lambda x: x)
+    op.output("raw", k, TestingSink([]))  # the sink reads the keyed stream too
+    op.output("out", op.stateful_map("run", k, lambda st, v: (st, v)), TestingSink([]))
+    src, keyed = compile_flow(flow).stages
+    assert src.spec.ports[0].key_for == "g.run.stateful_batch"
+    assert not src.spec.ports[0].value_only
+    assert not keyed.spec.input_value_only

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime, timedelta, timezone
+from typing import NamedTuple
 
+import numpy as np
 import pytest
 
 import flowspark.operators as op
@@ -13,11 +16,18 @@ from flowspark.operators import StatefulLogic
 from flowspark.spark import run
 from flowspark.spark.runtime import (
     KeyedStep,
+    Port,
+    StageSpec,
     StepFailure,
     decode_task_error,
     drive_key,
     drive_sorted_rows,
+    dumps,
     encode_task_error,
+    loads,
+    loads_all,
+    run_stage_rows,
+    source_items,
     source_seq,
 )
 from flowspark.testing import TestingSink, TestingSource
@@ -174,3 +184,80 @@ def test_run_needs_an_aware_start_time():
     op.output("out", op.input("inp", flow, TestingSource([1])), TestingSink([]))
     with pytest.raises(FlowsparkTypeError, match="start_time must be an aware datetime"):
         run(flow, start_time=datetime(2024, 1, 1))
+
+
+class Point(NamedTuple):
+    x: int
+    y: int
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        5,
+        -(2**80),
+        1.5,
+        "é",
+        b"\x80raw",
+        None,
+        True,
+        ("k", 1),
+        ["a", None, 2.0],
+        {"user": "u1", "amount": 3},
+        {1: "a", (1, 2): "tuple key"},
+        ("nested", ("deeper", [1])),
+        Point(1, 2),
+        Color.RED,
+        bytearray(b"ab"),
+        ("k", bytearray(b"ab")),
+        np.array([1, 2, 3]),
+        np.int64(7),
+        {"v": np.float64(1.5)},
+        datetime(2024, 1, 1, tzinfo=timezone.utc),
+        ("key", Point(3, 4)),
+    ],
+)
+def test_codec_round_trips_every_item_with_its_exact_type(item):
+    back = loads(dumps(item))
+    assert type(back) is type(item)
+    if isinstance(item, np.ndarray):
+        assert back.tolist() == item.tolist()
+    else:
+        assert back == item
+    if isinstance(item, (tuple, list)):
+        assert [type(x) for x in back] == [type(x) for x in item]
+    if isinstance(item, dict):
+        assert [type(v) for v in back.values()] == [type(v) for v in item.values()]
+    assert loads_all([dumps(item), dumps(1)])[0] == back if not isinstance(item, np.ndarray) else True
+
+
+def test_codec_takes_marshal_only_for_flat_values_and_pickle_otherwise():
+    assert dumps(("k", 1))[0] != 0x80  # marshal
+    assert dumps(("k", np.int64(1)))[0] == 0x80  # pickle: marshal would write bytes
+    assert dumps(Point(1, 2))[0] == 0x80
+    assert loads_all([dumps(1), dumps(Point(1, 2)), dumps("x")]) == [1, Point(1, 2), "x"]
+
+
+def test_source_items_stamp_consecutive_sequences():
+    xs = list(range(40))
+    items = source_items(3, 7, 1000, xs)
+    assert items == [(source_seq(3, 7, 1000 + i), x) for i, x in enumerate(xs)]
+    assert source_items(1, 2, 5, ["a"]) == [(source_seq(1, 2, 5), "a")]
+
+
+def test_port_rows_check_keys_column_wise_and_name_the_first_bad_item():
+    spec = StageSpec(0, "rows", "s", ports=(Port("s", "f.st", value_only=True),))
+    cols = run_stage_rows(spec, [(source_seq(0, 0, 0), ("a", 1)), (source_seq(0, 0, 1), ("b", 2))])
+    assert cols[1] == ["a", "b"]
+    assert [loads(v) for v in cols[3]] == [1, 2]  # only the value: the key is in `k`
+    whole = StageSpec(0, "rows", "s", ports=(Port("s", "f.st", value_only=False),))
+    assert [loads(v) for v in run_stage_rows(whole, [(source_seq(0, 0, 0), ("a", 1))])[3]] == [("a", 1)]
+    for bad, what in [(("a", 1, 2), "2-tuple"), ((1, 2), "keys must be str"), ("ab", "2-tuple")]:
+        with pytest.raises(StepFailure, match=what) as info:
+            run_stage_rows(spec, [(source_seq(0, 0, 0), ("ok", 1)), (source_seq(0, 0, 1), bad)])
+        assert info.value.step_id == "f.st"
+        assert repr(bad) in str(info.value)
