@@ -603,7 +603,7 @@ def map_value(step_id: str, up: KeyedStream[V], mapper: Callable[[V], W]) -> Key
 
     def shim_mapper(xs: list[tuple[str, V]]) -> list[tuple[str, W]]:
         if set(_map(type, xs)) == {tuple} and set(_map(len, xs)) == {2}:
-            return list(zip(_map(_first, xs), _map(mapper, _map(_second, xs))))
+            return list(zip(_map(_first, xs), _map(mapper, _map(_second, xs)), strict=True))
         out = []
         for k_v in xs:
             k, v = _unpack_kv(step_id, k_v)
@@ -793,9 +793,9 @@ def key_on(step_id: str, up: Stream[X], key: Callable[[X], str]) -> KeyedStream[
     def shim_mapper(xs: list[X]) -> list[tuple[str, X]]:
         ks = list(_map(key, xs))
         if set(_map(type, ks)) <= {str}:
-            return list(zip(ks, xs))
+            return list(zip(ks, xs, strict=True))
         out = []
-        for k, x in zip(ks, xs):
+        for k, x in zip(ks, xs, strict=True):
             if type(k) is not str and not isinstance(k, str):
                 msg = (
                     f"step {step_id!r}: key function must return a str; returned {k!r} of "

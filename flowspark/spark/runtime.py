@@ -118,7 +118,7 @@ def source_items(source_index: int, partition: int, start: int, xs: list[Any]) -
     arr["p"] = partition
     arr["q"] = np.arange(start, start + n, dtype=np.uint64)
     buf = arr.tobytes()
-    return list(zip([buf[i : i + HEAD_LEN] for i in range(0, n * HEAD_LEN, HEAD_LEN)], xs))
+    return list(zip([buf[i : i + HEAD_LEN] for i in range(0, n * HEAD_LEN, HEAD_LEN)], xs, strict=True))
 
 
 _SEQ_DTYPE = [("s", ">u4"), ("p", ">u4"), ("q", ">u8")]
@@ -594,9 +594,9 @@ def _key_runs(batches: Iterator[Any], value_only: bool) -> Iterator[tuple[str, l
                 if cur_key is not None:
                     yield cur_key, buf
                 cur_key = key
-                buf = list(zip(ss[start:end], vs[start:end]))
+                buf = list(zip(ss[start:end], vs[start:end], strict=True))
             else:
-                buf.extend(zip(ss[start:end], vs[start:end]))
+                buf.extend(zip(ss[start:end], vs[start:end], strict=True))
             start = end
     if cur_key is not None:
         yield cur_key, buf
@@ -903,7 +903,7 @@ def _stage_columns(
     if src == "rows":
         for b in batches:
             ss = b.column(1).to_pylist()
-            yield run_stage_rows(spec, list(zip(ss, loads_all(b.column(2).to_pylist()))))
+            yield run_stage_rows(spec, list(zip(ss, loads_all(b.column(2).to_pylist()), strict=True)))
         return
     if src == "native":
         si = spec.source_index

@@ -282,7 +282,7 @@ class BucketDriver:
             while j < n and rows[j][0] == key:
                 j += 1
             vs = loads_all([v for _k, _s, v in rows[i:j]])
-            items = list(zip([r[1] for r in rows[i:j]], vs if value_only else map(_second, vs)))
+            items = list(zip([r[1] for r in rows[i:j]], vs if value_only else map(_second, vs), strict=True))
             i = j
             ent = table.get(key)
             logics = self._logics(key, ent[0] if ent else None)
