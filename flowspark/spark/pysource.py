@@ -4,11 +4,15 @@ A source is read at the driver by the stream reader (`DataSourceStreamReader`,
 kept alive by Spark between micro-batches): `latestOffset` polls every
 partition for what is ready now (at most `max_items` items per partition and
 micro-batch) and returns the partitions' new positions; `partitions` hands the
-items polled for that offset range to the tasks, as chunk rows of the batch
-runtime's row format (`k string, seq binary, v binary`: `seq` is the source
-sequence `(source index, partition index, position)` of the first item and `v`
-the pickled list of items), which the source stage expands exactly as it does
-for `TestingSource` chunks in the batch runtime.
+items polled for that offset range to the tasks: each source partition's range
+becomes at most `splits` Spark tasks (one per source partition by default), each
+holding chunks of up to 5000 items. A task runs the source stage itself (the
+stage is fused into the read, so the items cross from Python to Spark once):
+`read` feeds its chunks, as chunk rows of the batch runtime's row format (`seq` the
+source sequence `(source index, partition index, position)` of the first item,
+`v` the encoded list of items), to the batch runtime's stage function and yields
+its Arrow batches `(p, k, seq, v)`. Without a stage (`stage=None`), `read` yields
+the chunk rows `(k, seq, v)` themselves.
 
 Offsets are real: for each partition, its `snapshot()` after the last item of
 the range (pickled, base64) and the number of items read so far. Spark writes
@@ -30,7 +34,7 @@ import pickle
 import struct
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import cloudpickle
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -38,7 +42,7 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from flowspark.errors import FlowsparkRuntimeError
 from flowspark.inputs import AbortExecution, FixedPartitionedSource
-from flowspark.spark.runtime import dumps, source_seq
+from flowspark.spark.runtime import StageSpec, dumps, source_seq, stage_function
 
 __all__ = ["FORMAT", "TICK_FORMAT", "FlowsparkDataSource", "TickDataSource", "register", "stream_options"]
 
@@ -47,6 +51,8 @@ FORMAT = "flowspark_source"
 #: Largest number of items in one chunk row.
 _CHUNK = 5000
 _SCHEMA = "k string, seq binary, v binary"
+#: Rows of a fused source stage (the batch runtime's stage rows).
+STAGE_SCHEMA = "p int, k string, seq binary, v binary"
 
 
 def _enc(x: Any) -> str:
@@ -57,7 +63,16 @@ def _dec(s: str) -> Any:
     return pickle.loads(base64.b64decode(s))  # noqa: S301
 
 
-def stream_options(step_id: str, source: FixedPartitionedSource[Any, Any], source_index: int, max_items: int) -> dict:
+def stream_options(
+    step_id: str,
+    source: FixedPartitionedSource[Any, Any],
+    source_index: int,
+    max_items: int,
+    *,
+    stage: Optional[StageSpec] = None,
+    clock: Optional[Callable[[], datetime]] = None,
+    tasks: int = 1,
+) -> dict:
     """Options that make `spark.readStream.format(FORMAT)` read `source`.
 
     Args:
@@ -65,12 +80,19 @@ def stream_options(step_id: str, source: FixedPartitionedSource[Any, Any], sourc
         source: The source (pickled with cloudpickle into the options).
         source_index: Index of the input step in the flow (first sequence component).
         max_items: Most items read from one partition for one micro-batch.
+        stage: The source stage to run inside the read (rows `p, k, seq, v`); `None`
+            yields chunk rows `k, seq, v`.
+        clock: The stage's clock (default the wall clock when the task starts).
+        tasks: Spark tasks to aim for per micro-batch (e.g. the default parallelism): each
+            source partition's range is split into at most `tasks // partitions` tasks (at
+            least one).
 
     Returns:
         Reader options.
     """
-    blob = base64.b64encode(cloudpickle.dumps((step_id, source, source_index, max_items))).decode("ascii")
-    return {"flowspark.source": blob}
+    payload = (step_id, source, source_index, max_items, stage, clock, tasks)
+    blob = base64.b64encode(cloudpickle.dumps(payload)).decode("ascii")
+    return {"flowspark.source": blob, "flowspark.fused": "1" if stage is not None else "0"}
 
 
 def register(spark: Any) -> None:
@@ -96,12 +118,12 @@ class FlowsparkDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
-        """Return the row schema: chunk rows of the batch runtime.
+        """Return the row schema: stage rows when the source stage is fused, else chunk rows.
 
         Returns:
             A DDL string.
         """
-        return _SCHEMA
+        return STAGE_SCHEMA if self.options.get("flowspark.fused") == "1" else _SCHEMA
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802
         """Build the stream reader.
@@ -112,17 +134,28 @@ class FlowsparkDataSource(DataSource):
         Returns:
             The reader.
         """
-        step_id, source, source_index, max_items = cloudpickle.loads(base64.b64decode(self.options["flowspark.source"]))
-        return _Reader(step_id, source, source_index, max_items)
+        return _Reader(*cloudpickle.loads(base64.b64decode(self.options["flowspark.source"])))
 
 
 class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, step_id: str, source: FixedPartitionedSource[Any, Any], source_index: int, max_items: int):
+    def __init__(
+        self,
+        step_id: str,
+        source: FixedPartitionedSource[Any, Any],
+        source_index: int,
+        max_items: int,
+        stage: Optional[StageSpec] = None,
+        clock: Optional[Callable[[], datetime]] = None,
+        tasks: int = 1,
+    ):
         self.step_id = step_id
         self.source = source
         self.source_index = source_index
         self.max_items = max_items
+        self.stage = stage
+        self.clock = clock
         self.keys = self._call(lambda: list(source.list_parts()))
+        self.splits = max(1, tasks // max(1, len(self.keys)))
         self.live: dict[str, tuple[int, Any]] = {}  # key -> (items read so far, partition)
         self.buf: dict[tuple[str, int], list[Any]] = {}  # (key, start n) -> items of the range
         self.available_now = False
@@ -213,8 +246,10 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             items = self.buf.pop((key, s["n"]), None)
             if items is None or len(items) != count:
                 items = self._replay(key, s, count)
-            for i in range(0, count, _CHUNK):
-                out.append(InputPartition((pi, s["n"] + i, dumps(items[i : i + _CHUNK]))))
+            chunks = [(s["n"] + i, dumps(items[i : i + _CHUNK])) for i in range(0, count, _CHUNK)]
+            per_task = -(-len(chunks) // min(self.splits, len(chunks)))
+            for i in range(0, len(chunks), per_task):
+                out.append(InputPartition((pi, chunks[i : i + per_task])))
         return out
 
     def _replay(self, key: str, off: dict, count: int) -> list[Any]:
@@ -236,9 +271,20 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise FlowsparkRuntimeError(self.step_id, msg)
         return items[:count]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple]:
-        pi, pos, blob = partition.value
-        yield (None, source_seq(self.source_index, pi, pos), blob)
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        pi, chunks = partition.value
+        rows = [(None, source_seq(self.source_index, pi, pos), blob) for pos, blob in chunks]
+        if self.stage is None:
+            yield from rows
+            return
+        import pyarrow as pa
+
+        batch = pa.RecordBatch.from_arrays(
+            [pa.array([r[i] for r in rows], t) for i, t in enumerate((pa.string(), pa.binary(), pa.binary()))],
+            names=["k", "seq", "v"],
+        )
+        now = self.clock() if self.clock is not None else datetime.now(timezone.utc)
+        yield from stage_function(self.stage, now)(iter([batch]))
 
     def commit(self, end: dict) -> None:
         for key in self.keys:

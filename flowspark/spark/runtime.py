@@ -66,6 +66,7 @@ __all__ = [
     "drive_sorted_rows",
     "encode_task_error",
     "run_stage_rows",
+    "stage_streams",
 ]
 
 #: First emit index used for emits at the end of a key (notifications fired after
@@ -741,11 +742,27 @@ def run_stage_rows(
     Raises:
         StepFailure: A user callable failed.
     """
+    cols: tuple[list[int], list[Optional[str]], list[bytes], list[bytes]] = ([], [], [], [])
+    _port_rows(spec, stage_streams(spec, items), *cols)
+    return cols
+
+
+def stage_streams(spec: StageSpec, items: list[tuple[bytes, Any]]) -> dict[str, list[tuple[bytes, Any]]]:
+    """Push items of the stage's entry stream through its stateless ops.
+
+    Args:
+        spec: The stage.
+        items: `(sequence, item)` pairs of the entry stream.
+
+    Returns:
+        Every stream of the stage: stream id -> `(sequence, item)` pairs.
+
+    Raises:
+        StepFailure: A user callable failed.
+    """
     streams: dict[str, list[tuple[bytes, Any]]] = {spec.entry: items}
     _apply_ops(spec.ops, streams)
-    cols: tuple[list[int], list[Optional[str]], list[bytes], list[bytes]] = ([], [], [], [])
-    _port_rows(spec, streams, *cols)
-    return cols
+    return streams
 
 
 @contextmanager

@@ -74,6 +74,7 @@ from flowspark.spark.runtime import (
     no_gc,
     run_stage_rows,
     stage_function,
+    stage_streams,
 )
 from flowspark.spark.runtime import _wants_notify as _wants_notify  # the batch runtime's check, shared
 from flowspark.testing import TestingSource
@@ -209,14 +210,24 @@ class BucketDriver:
             processing time of the micro-batch. With a clock, every bucket with a
             pending notification is visited in every micro-batch (Spark's timers
             cannot follow a foreign clock).
+        sink_rows: `(sink step id, Arrow schema)` when the stage's only port feeds the
+            query's lone file sink: the output is then the sink's rows (dict items
+            converted as `_dict_rows` does), saving a Python pass over every item.
     """
 
-    def __init__(self, spec: StageSpec, depth_in: int, clock: Optional[Callable[[], datetime]] = None) -> None:
+    def __init__(
+        self,
+        spec: StageSpec,
+        depth_in: int,
+        clock: Optional[Callable[[], datetime]] = None,
+        sink_rows: Optional[tuple[str, Any]] = None,
+    ) -> None:
         """Describe the stage."""
         self.spec = spec
         self.steps: tuple[KeyedStep, ...] = spec.chain
         self.depth_in = depth_in
         self.clock = clock
+        self.sink_rows = sink_rows
 
     # -- state codec ----------------------------------------------------------
     def _logics(self, key: str, snaps: Optional[list[Any]]) -> list[Any]:
@@ -377,15 +388,36 @@ class BucketDriver:
             rows.extend(zip(pdf["k"].tolist(), pdf["seq"].tolist(), pdf["v"].tolist(), strict=True))
         # Tick rows (key NULL, see pysource.TickDataSource) only make the micro-batch run.
         rows = [r for r in rows if r[0] is not None]
+        # The emits are not sorted here: whatever reads them sorts by sequence (sinks at the
+        # driver, the next keyed stage), and the stateless ops after the chain work item by item.
         try:
             with use_clock(lambda: now), no_gc():
                 emits = self.process(table, rows, now)
-                emits.sort(key=lambda e: e[0])
+                if self.sink_rows is not None:
+                    return self._sink_frame(emits), table
                 cols = run_stage_rows(self.spec, emits)
         except StepFailure as f:
             raise RuntimeError(encode_task_error(f)) from None
         out = pd.DataFrame({"p": cols[0], "k": cols[1], "seq": cols[2], "v": cols[3]}) if cols[0] else None
         return out, table
+
+    def _sink_frame(self, emits: list[tuple[bytes, Any]]) -> Any:
+        """The stage's items as rows of the lone file sink's schema (see `sink_rows`)."""
+        import pyarrow as pa
+
+        assert self.sink_rows is not None
+        step_id, arrow_schema = self.sink_rows
+        items = [x for _s, x in stage_streams(self.spec, emits).get(self.spec.ports[0].stream, ())]
+        if not items:
+            return None
+        bad = next((x for x in items if type(x) is not dict and not isinstance(x, dict)), None)
+        if bad is not None:
+            raise StepFailure(step_id, _not_dict(step_id, bad))
+        try:
+            table = pa.Table.from_pylist(items, schema=arrow_schema)
+        except Exception as e:
+            raise StepFailure(step_id, e) from e
+        return table.to_pandas()
 
     def pandas_function(self) -> Callable[[Any, Iterator[Any], Any], Iterator[Any]]:
         """Build the function `applyInPandasWithState` calls.
@@ -534,6 +566,8 @@ class StreamingRun:
         self._sink_parts: dict[str, Any] = {}
         self._error: Optional[BaseException] = None
         self._nodes: list[Any] = []
+        self._sink_struct: Any = None
+        self._sink_fused_stage: Optional[int] = None
 
     # -- building ---------------------------------------------------------------
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
@@ -559,7 +593,15 @@ class StreamingRun:
 
         pysource.register(self.spark)
         inner = src.inner if isinstance(src, _Streamed) else src
-        opts = pysource.stream_options(spec.source_step, inner, spec.source_index, self.max_items)
+        opts = pysource.stream_options(
+            spec.source_step,
+            inner,
+            spec.source_index,
+            self.max_items,
+            stage=spec,
+            clock=self.clock,
+            tasks=self.spark.sparkContext.defaultParallelism,
+        )
         return self.spark.readStream.format(pysource.FORMAT).options(**opts).load()
 
     def build(self) -> Any:
@@ -577,7 +619,10 @@ class StreamingRun:
         for st in self.plan.stages:
             spec = st.spec
             if st.kind == "source":
-                df = self.source_df(st).mapInArrow(_per_call_stage(spec, self.clock), _ROW_SCHEMA)
+                df = self.source_df(st)
+                if isinstance(st.source, SparkSource):
+                    df = df.mapInArrow(_per_call_stage(spec, self.clock), _ROW_SCHEMA)
+                # else: the Python data source runs the source stage inside its read
             else:
                 ins = [self.port_df(s, p, pad) for s, p, pad in st.inputs]
                 df = ins[0]
@@ -589,20 +634,41 @@ class StreamingRun:
                     pysource.register(self.spark)
                     df = df.union(self.spark.readStream.format(pysource.TICK_FORMAT).load())
                     up = self.plan_entry_depth(st)
-                    driver = BucketDriver(spec, up, self.clock)
+                    sink_rows = self._fused_sink(spec)
+                    out_schema = _ROW_SCHEMA if sink_rows is None else self._sink_struct
+                    driver = BucketDriver(spec, up, self.clock, sink_rows)
                     df = df.withColumn("bucket", F.pmod(F.hash("k"), F.lit(self.buckets)))
                     if n_keyed == 1:
                         df = df.groupBy("bucket").applyInPandasWithState(
-                            driver.pandas_function(), _ROW_SCHEMA, _STATE_SCHEMA, "append", "ProcessingTimeTimeout"
+                            driver.pandas_function(), out_schema, _STATE_SCHEMA, "append", "ProcessingTimeTimeout"
                         )
                     else:
                         df = df.groupBy("bucket").transformWithStateInPandas(
-                            driver.processor(), _ROW_SCHEMA, "Append", "ProcessingTime"
+                            driver.processor(), out_schema, "Append", "ProcessingTime"
                         )
                 else:
                     df = df.mapInArrow(_per_call_stage(spec, self.clock), _ROW_SCHEMA)
             self.dfs[spec.stage_id] = df
         return df
+
+    def _fused_sink(self, spec: StageSpec) -> Optional[tuple[str, Any]]:
+        """`(step id, Arrow schema)` when this keyed stage can write the lone file sink's rows itself.
+
+        That is when the stage's only port is the port of the query's lone `SparkSink`,
+        which has a schema of atomic columns (pandas carries them unchanged).
+        """
+        lone = self._lone_file_sink()
+        if lone is None or lone.port != (spec.stage_id, 0) or len(spec.ports) != 1:
+            return None
+        sink: SparkSink = lone.sink
+        if sink.schema is None or sink.format == "table":
+            return None
+        struct, arrow_schema = _sink_schema(sink.schema)
+        if not _atomic(struct):
+            return None
+        self._sink_struct = struct
+        self._sink_fused_stage = spec.stage_id
+        return lone.step_id, arrow_schema
 
     def plan_entry_depth(self, st: StagePlan) -> int:
         """Sequence length of a keyed stage's input (the stream its first step reads)."""
@@ -640,7 +706,10 @@ class StreamingRun:
             if sink.format == "table":
                 msg = f"step {lone.step_id!r}: a streaming SparkSink writes files; use parquet, json, csv or orc"
                 raise FlowsparkCompileError(msg)
-            rows = _dict_rows(self.spark, self.port_df(*lone.port), lone.step_id, sink.schema)
+            if self._sink_fused_stage == lone.port[0]:
+                rows = self.dfs[lone.port[0]]  # the keyed stage already wrote the sink's rows
+            else:
+                rows = _dict_rows(self.spark, self.port_df(*lone.port), lone.step_id, sink.schema)
             if sink.format == "kafka":
                 w = rows.writeStream.format("kafka").outputMode("append")
             else:
@@ -739,11 +808,7 @@ class StreamingRun:
             else:
                 bad = next((x for x in items if not isinstance(x, dict)), None)
                 if bad is not None:
-                    msg = (
-                        f"step {sk.step_id!r}: SparkSink writes dict items (one row each); received {bad!r}; "
-                        "map items to dicts before the output"
-                    )
-                    raise FlowsparkTypeError(msg)
+                    raise _not_dict(sk.step_id, bad)
                 sink = sk.sink
                 if sink.format == "kafka":
                     sink.write(self.spark.createDataFrame(items, sink.schema))
@@ -776,13 +841,33 @@ def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
     return err
 
 
-def _dict_rows(spark: Any, df: Any, step_id: str, schema: Any) -> Any:
-    """Turn (k, seq, v) rows whose items are dicts into rows of `schema`."""
+def _not_dict(step_id: str, x: Any) -> FlowsparkTypeError:
+    msg = (
+        f"step {step_id!r}: SparkSink writes dict items (one row each); received {x!r} of type "
+        f"{type(x).__name__}; map items to dicts before the output"
+    )
+    return FlowsparkTypeError(msg)
+
+
+def _sink_schema(schema: Any) -> tuple[Any, Any]:
+    """`(StructType, Arrow schema)` of a SparkSink's schema (DDL string or StructType)."""
     from pyspark.sql.pandas.types import to_arrow_schema
     from pyspark.sql.types import StructType
 
     st = StructType.fromDDL(schema) if isinstance(schema, str) else schema
-    arrow_schema = to_arrow_schema(st)  # type: ignore[arg-type]
+    return st, to_arrow_schema(st)  # type: ignore[arg-type]
+
+
+def _atomic(st: Any) -> bool:
+    """Whether every field of a StructType is atomic (pandas round-trips it unchanged)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    return all(not isinstance(f.dataType, (ArrayType, MapType, StructType)) for f in st.fields)
+
+
+def _dict_rows(spark: Any, df: Any, step_id: str, schema: Any) -> Any:
+    """Turn (k, seq, v) rows whose items are dicts into rows of `schema`."""
+    st, arrow_schema = _sink_schema(schema)
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -791,11 +876,7 @@ def _dict_rows(spark: Any, df: Any, step_id: str, schema: Any) -> Any:
             items = [loads(v) for v in b.column(2).to_pylist()]
             for x in items:
                 if not isinstance(x, dict):
-                    msg = (
-                        f"step {step_id!r}: SparkSink writes dict items (one row each); received {x!r} of type "
-                        f"{type(x).__name__}; map items to dicts before the output"
-                    )
-                    raise RuntimeError(encode_task_error(StepFailure(step_id, FlowsparkTypeError(msg))))
+                    raise RuntimeError(encode_task_error(StepFailure(step_id, _not_dict(step_id, x))))
             if items:
                 yield pa.RecordBatch.from_pylist(items, schema=arrow_schema)
 
@@ -970,6 +1051,14 @@ def _raise_query_error(sr: StreamingRun, e: BaseException) -> None:
     raise e
 
 
+def _await(sr: StreamingRun, query: Any, seconds: float) -> None:
+    """`query.awaitTermination(seconds)`; a failed query raises the flowspark error it carries."""
+    try:
+        query.awaitTermination(seconds)
+    except Exception as e:  # noqa: BLE001
+        _raise_query_error(sr, e)
+
+
 def _wait(sr: StreamingRun, query: Any, lst: _Listener, trigger: Optional[str], timeout: Optional[float]) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     interrupted = False
@@ -992,12 +1081,12 @@ def _wait(sr: StreamingRun, query: Any, lst: _Listener, trigger: Optional[str], 
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     break
-                query.awaitTermination(0.05)
+                _await(sr, query, 0.05)
         else:
             while query.isActive and not interrupted:
                 if deadline is not None and time.monotonic() > deadline:
                     break
-                query.awaitTermination(0.2)
+                _await(sr, query, 0.2)
         if query.isActive:
             _stop_between_batches(query)
         exc = query.exception()

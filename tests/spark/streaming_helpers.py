@@ -119,3 +119,46 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 def parity_key(kv: Any) -> str:
     return "even" if kv[1] % 2 == 0 else "odd"
+
+
+def count_row(kv: Any) -> dict:
+    return {"user": kv[0], "n": kv[1]}
+
+
+def count_row_with_list(kv: Any) -> dict:
+    return {"user": kv[0], "n": kv[1], "seen": list(range(kv[1]))}
+
+
+def not_a_row(kv: Any) -> Any:
+    return kv  # a tuple: a SparkSink needs dicts
+
+
+class ListSource(FixedPartitionedSource):
+    """Bounded: partition `p` holds `items[p]` (batches of `batch` items)."""
+
+    def __init__(self, items: dict[str, list[Any]], batch: int = 3, bounded: bool = False) -> None:
+        self.items = items
+        self.batch = batch
+        self.bounded = bounded
+
+    def is_bounded(self) -> bool:
+        return self.bounded
+
+    def list_parts(self) -> list[str]:
+        return list(self.items)
+
+    def build_part(self, step_id: str, for_part: str, resume_state: Any) -> _ListPart:
+        return _ListPart(self.items[for_part], resume_state or 0, self.batch)
+
+
+class _ListPart(StatefulSourcePartition):
+    def __init__(self, items: list[Any], pos: int, batch: int) -> None:
+        self.items, self.pos, self.batch = items, pos, batch
+
+    def next_batch(self) -> list[Any]:
+        out = self.items[self.pos : self.pos + self.batch]
+        self.pos += len(out)
+        return out
+
+    def snapshot(self) -> int:
+        return self.pos

@@ -1,0 +1,111 @@
+"""Streaming lowering details: the source stage runs inside the Python data source's read, and a
+keyed stage whose only output is the lone file sink writes the sink's rows itself."""
+
+from __future__ import annotations
+
+import pytest
+from streaming_helpers import (
+    JsonlDirSource,
+    ListSource,
+    count_mapper,
+    count_row,
+    count_row_with_list,
+    not_a_row,
+    write_jsonl,
+)
+
+import flowspark.operators as op
+from flowspark.dataflow import Dataflow
+from flowspark.errors import FlowsparkRuntimeError
+from flowspark.spark.outputs import SparkSink
+
+pytestmark = [pytest.mark.spark]
+
+USERS = [f"u{i % 3}" for i in range(7)] + [f"u{i % 2}" for i in range(4)]
+
+
+def _flow(root: str, out_dir: str, row_fn, schema: str, key=lambda e: e["user"]) -> Dataflow:
+    flow = Dataflow("fused")
+    s = op.input("inp", flow, JsonlDirSource(root, ["a", "b"]))
+    counts = op.stateful_map("count", op.key_on("key", s, key), count_mapper)
+    op.output("out", op.map("row", counts, row_fn), SparkSink("parquet", out_dir, schema=schema))
+    return flow
+
+
+def _write_input(root: str) -> None:
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": u} for u in USERS[:7]])
+    write_jsonl(f"{root}/b/0001.jsonl", [{"user": u} for u in USERS[7:]])
+
+
+@pytest.mark.parametrize(
+    ("row_fn", "schema", "fused"),
+    [
+        (count_row, "user STRING, n LONG", True),
+        (count_row_with_list, "user STRING, n LONG, seen ARRAY<LONG>", False),  # not atomic: a separate pass
+    ],
+)
+def test_lone_file_sink_rows_written_by_the_keyed_stage(spark, tmp_path, row_fn, schema, fused):
+    from flowspark.spark import run
+
+    root, out_dir = str(tmp_path / "in"), str(tmp_path / "out")
+    _write_input(root)
+    lines: list = []
+    sr = run(
+        _flow(root, out_dir, row_fn, schema),
+        spark=spark,
+        checkpoint=str(tmp_path / "chk"),
+        trigger="available_now",
+        progress=lines.append,
+    )
+    assert (sr._sink_fused_stage is not None) is fused
+    rows = spark.read.parquet(out_dir).collect()
+    expected = {}
+    for u in USERS:
+        expected.setdefault(u, []).append(len(expected.get(u, [])) + 1)
+    got: dict = {}
+    for r in rows:
+        got.setdefault(r.user, []).append(r.n)
+        if not fused:
+            assert r.seen == list(range(r.n))
+    assert {k: sorted(v) for k, v in got.items()} == expected
+    # Input rows are items (the source stage runs in the read), plus the one tick row.
+    total = sum(int(x.split(": ")[1].split(" input rows")[0]) for x in lines)
+    assert total == len(USERS) + 1
+
+
+def test_fused_sink_names_the_sink_step_for_a_non_dict_item(spark, tmp_path):
+    from flowspark.spark import run
+
+    root = str(tmp_path / "in")
+    _write_input(root)
+    flow = _flow(root, str(tmp_path / "out"), not_a_row, "user STRING, n LONG")
+    with pytest.raises(FlowsparkRuntimeError, match=r"step 'fused.out': .*SparkSink writes dict items") as info:
+        run(flow, spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", progress=False)
+    assert info.value.step_id == "fused.out"
+
+
+def test_error_in_the_source_stage_inside_the_read_names_the_step(spark, tmp_path):
+    from flowspark.spark import run
+
+    root = str(tmp_path / "in")
+    _write_input(root)
+    flow = _flow(root, str(tmp_path / "out"), count_row, "user STRING, n LONG", key=lambda e: e["missing"])
+    with pytest.raises(FlowsparkRuntimeError, match=r"step 'fused.key\.flat_map_batch': KeyError: 'missing'"):
+        run(flow, spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", progress=False)
+
+
+def test_reader_splits_a_partition_range_over_the_tasks_and_keeps_positions():
+    from flowspark.spark import pysource
+    from flowspark.spark.runtime import loads, source_seq
+
+    src = ListSource({"only": list(range(12_000))}, batch=4000)
+    reader = pysource._Reader("f.inp", src, 0, 100_000, None, None, 4)
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, None)
+    parts = reader.partitions(start, end)
+    assert len(parts) == 3  # 3 chunks of <= 5000 items, up to 4 tasks
+    rows = [row for p in parts for row in reader.read(p)]
+    assert [r[1] for r in rows] == [source_seq(0, 0, pos) for pos in (0, 5000, 10000)]
+    assert [x for r in rows for x in loads(r[2])] == list(range(12_000))
+    one_task = pysource._Reader("f.inp", src, 0, 100_000, None, None, 1)
+    assert len(one_task.partitions(start, one_task.latestOffset(start, None))) == 1
