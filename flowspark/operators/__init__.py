@@ -1157,6 +1157,40 @@ def _wants_notify(logic: Any) -> bool:
     return hit
 
 
+_NEVER_NOTIFIES = "_flowspark_never_notifies"
+
+
+def _never_notifies(builder: Any) -> Any:
+    """Mark a builder whose logics never override `notify_at` (see `never_notifies`)."""
+    setattr(builder, _NEVER_NOTIFIES, True)
+    return builder
+
+
+def never_notifies(builder: Any) -> bool:
+    """Whether no logic `builder` returns can ever ask for a notification.
+
+    True for the builders of flowspark's own operators that keep no timers
+    (`stateful_map`, `stateful_flat_map`, `fold_final`, `reduce_final` and what is
+    built on them, `join`) and for a `StatefulLogic` / `StatefulBatchLogic`
+    subclass used directly as the builder that does not override `notify_at`.
+    A runtime may then run the step without timers (the Spark streaming runtime
+    lowers it without timeouts). Anything else, e.g. a function returning a user
+    logic, counts as possibly notifying.
+
+    Args:
+        builder: The builder of a `stateful_batch` step.
+
+    Returns:
+        True when the step can never schedule a notification.
+    """
+    if getattr(builder, _NEVER_NOTIFIES, False) is True:
+        return True
+    if isinstance(builder, type) and issubclass(builder, (StatefulLogic, StatefulBatchLogic)):
+        base: type = StatefulLogic if issubclass(builder, StatefulLogic) else StatefulBatchLogic
+        return getattr(builder, "notify_at") is getattr(base, "notify_at")  # noqa: B009
+    return False
+
+
 @operator
 def stateful(
     step_id: str,
@@ -1191,6 +1225,8 @@ def stateful(
     def shim_builder(resume_state: Optional[S]) -> _StatefulLogic[V, W, S]:
         return _StatefulLogic(builder, _check_logic(step_id, builder(resume_state)), step_id)
 
+    if never_notifies(builder):
+        _never_notifies(shim_builder)
     return stateful_batch("stateful_batch", up, shim_builder)
 
 
@@ -1309,7 +1345,7 @@ def stateful_map(
     def shim_builder(resume_state: Optional[S]) -> _StatefulMapLogic[V, W, S]:
         return _StatefulMapLogic(step_id, mapper, resume_state)
 
-    return stateful_batch("stateful_batch", up, shim_builder)
+    return stateful_batch("stateful_batch", up, _never_notifies(shim_builder))
 
 
 @operator
@@ -1345,7 +1381,7 @@ def stateful_flat_map(
     def shim_builder(resume_state: Optional[S]) -> _StatefulFlatMapLogic[V, W, S]:
         return _StatefulFlatMapLogic(step_id, mapper, resume_state)
 
-    return stateful_batch("stateful_batch", up, shim_builder)
+    return stateful_batch("stateful_batch", up, _never_notifies(shim_builder))
 
 
 @dataclass
@@ -1494,7 +1530,7 @@ def fold_final(
     def shim_builder(resume_state: Optional[S]) -> _FoldFinalLogic[V, S]:
         return _FoldFinalLogic(builder, folder, resume_state)
 
-    return stateful_batch("stateful_batch", up, shim_builder)
+    return stateful_batch("stateful_batch", up, _never_notifies(shim_builder))
 
 
 class _ReduceFinalLogic(StatefulBatchLogic[V, V, V]):
@@ -1554,7 +1590,7 @@ def reduce_final(step_id: str, up: KeyedStream[V], reducer: Callable[[V, V], V])
     def shim_builder(resume_state: Optional[tuple[V]]) -> _ReduceFinalLogic[V]:
         return _ReduceFinalLogic(reducer, resume_state)
 
-    return stateful_batch("stateful_batch", up, shim_builder)
+    return stateful_batch("stateful_batch", up, _never_notifies(shim_builder))
 
 
 @operator
@@ -1774,4 +1810,4 @@ def join(
         return _JoinLogic(insert_mode, emit_mode, state)
 
     merged = _join_label_merge("add_names", *sides)
-    return stateful("join", merged, shim_builder)
+    return stateful("join", merged, _never_notifies(shim_builder))

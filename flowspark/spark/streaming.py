@@ -58,6 +58,7 @@ from flowspark.errors import (
     RecoveryError,
 )
 from flowspark.inputs import DynamicSource, FixedPartitionedSource
+from flowspark.operators import never_notifies
 from flowspark.spark.compiler import Plan, StagePlan, compile_flow
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink
@@ -213,6 +214,8 @@ class BucketDriver:
         sink_rows: `(sink step id, Arrow schema)` when the stage's only port feeds the
             query's lone file sink: the output is then the sink's rows (dict items
             converted as `_dict_rows` does), saving a Python pass over every item.
+        timers: Whether the query has timers (timeouts); without, no step can ask for
+            a notification and no timeout is set.
     """
 
     def __init__(
@@ -221,6 +224,7 @@ class BucketDriver:
         depth_in: int,
         clock: Optional[Callable[[], datetime]] = None,
         sink_rows: Optional[tuple[str, Any]] = None,
+        timers: bool = True,
     ) -> None:
         """Describe the stage."""
         self.spec = spec
@@ -228,6 +232,7 @@ class BucketDriver:
         self.depth_in = depth_in
         self.clock = clock
         self.sink_rows = sink_rows
+        self.timers = timers
 
     # -- state codec ----------------------------------------------------------
     def _logics(self, key: str, snaps: Optional[list[Any]]) -> list[Any]:
@@ -352,6 +357,26 @@ class BucketDriver:
             out.extend([(s, (key, w)) for s, w in emits])
         self._store(table, key, logics)
 
+    def now(self, spark_ms: Callable[[], int]) -> datetime:
+        """The time of the micro-batch: the injected clock, else Spark's processing time.
+
+        Args:
+            spark_ms: Reads Spark's processing time of the batch in ms (a query without
+                timers may not have one: the wall clock is used then).
+
+        Returns:
+            An aware UTC datetime.
+        """
+        if self.clock is not None:
+            return self.clock()
+        try:
+            ms = spark_ms()
+        except Exception:  # noqa: BLE001
+            ms = -1
+        if ms is None or ms <= 0:
+            return datetime.now(timezone.utc)
+        return datetime.fromtimestamp(ms / 1000, timezone.utc)
+
     def timeout_ms(self, table: dict[str, Any], now: datetime) -> Optional[int]:
         """Return the bucket's timeout duration: until its earliest notification.
 
@@ -428,14 +453,11 @@ class BucketDriver:
         driver = self
 
         def fn(_bucket: Any, pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
-            if driver.clock is not None:
-                now = driver.clock()
-            else:
-                now = datetime.fromtimestamp(state.getCurrentProcessingTimeMs() / 1000, timezone.utc)
+            now = driver.now(state.getCurrentProcessingTimeMs)
             out, table = driver.call(state.get[0] if state.exists else None, pdfs, now)
             if table:
                 state.update((pickle.dumps(table, protocol=5),))
-                ms = driver.timeout_ms(table, now)
+                ms = driver.timeout_ms(table, now) if driver.timers else None
                 if ms is not None:
                     state.setTimeoutDuration(ms)
             elif state.exists:
@@ -461,17 +483,15 @@ class BucketDriver:
                 self.state = handle.getValueState("blob", _STATE_SCHEMA)
 
             def _run(self, pdfs: Iterator[Any], timer_values: Any) -> Iterator[Any]:
-                if driver.clock is not None:
-                    now = driver.clock()
-                else:
-                    now = datetime.fromtimestamp(timer_values.getCurrentProcessingTimeInMs() / 1000, timezone.utc)
+                now = driver.now(timer_values.getCurrentProcessingTimeInMs)
                 blob = self.state.get()[0] if self.state.exists() else None
                 out, table = driver.call(blob, pdfs, now)
-                for t in list(self.handle.listTimers()):
-                    self.handle.deleteTimer(t)
+                if driver.timers:
+                    for t in list(self.handle.listTimers()):
+                        self.handle.deleteTimer(t)
                 if table:
                     self.state.update((pickle.dumps(table, protocol=5),))
-                    ms = driver.timeout_ms(table, now)
+                    ms = driver.timeout_ms(table, now) if driver.timers else None
                     if ms is not None:
                         self.handle.registerTimer(int(now.timestamp() * 1000) + ms)
                 else:
@@ -492,10 +512,16 @@ class BucketDriver:
 
 
 # --------------------------------------------------------------------------- query
-def _check_meta(checkpoint: str, flow_id: str, buckets: int, steps: list[str]) -> int:
-    """Create or check `<checkpoint>/flowspark.json`; return the bucket count to use."""
+def _check_meta(checkpoint: str, flow_id: str, buckets: int, steps: list[str], timers: bool = True) -> bool:
+    """Create or check `<checkpoint>/flowspark.json`; return whether the query runs with timers.
+
+    `timers` is what this flow needs (`False` when no stateful step can ask for a
+    notification). A checkpoint keeps the choice it was made with (the query's
+    sources and timeout mode must not change across restarts); one written before
+    the choice was recorded ran with timers.
+    """
     path = os.path.join(checkpoint, META_FILE)
-    meta = {"flow_id": flow_id, "buckets": buckets, "stateful_steps": steps, "version": 1}
+    meta = {"flow_id": flow_id, "buckets": buckets, "stateful_steps": steps, "timers": timers, "version": 1}
     if os.path.exists(path):
         with open(path) as f:
             old = json.load(f)
@@ -513,13 +539,20 @@ def _check_meta(checkpoint: str, flow_id: str, buckets: int, steps: list[str]) -
                 "in other buckets and lose their state): pass the old value or start a new checkpoint"
             )
             raise RecoveryError(msg)
-        return buckets
+        old_timers = old.get("timers", True)
+        if timers and not old_timers:
+            msg = (
+                f"checkpoint {checkpoint!r} was written by a query without timers (no stateful step could ask "
+                "for a notification); this flow's stateful steps can; start a new checkpoint"
+            )
+            raise RecoveryError(msg)
+        return bool(old_timers)
     os.makedirs(checkpoint, exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(meta, f)
     os.replace(tmp, path)
-    return buckets
+    return timers
 
 
 def _per_call_stage(
@@ -559,6 +592,7 @@ class StreamingRun:
         self.buckets: int = options["buckets"]
         self.clock: Optional[Callable[[], datetime]] = options.get("clock")
         self.max_items: int = options["max_items"]
+        self.timers: bool = options.get("timers", True)
         self.progress: Optional[Callable[[str], None]] = options.get("progress")
         self.dfs: dict[int, Any] = {}
         self.query: Any = None
@@ -631,20 +665,26 @@ class StreamingRun:
                 if st.kind == "keyed":
                     from flowspark.spark import pysource
 
-                    pysource.register(self.spark)
-                    df = df.union(self.spark.readStream.format(pysource.TICK_FORMAT).load())
+                    if self.timers:
+                        # Timers need a micro-batch even when no data arrives (after a restart).
+                        pysource.register(self.spark)
+                        df = df.union(self.spark.readStream.format(pysource.TICK_FORMAT).load())
                     up = self.plan_entry_depth(st)
                     sink_rows = self._fused_sink(spec)
                     out_schema = _ROW_SCHEMA if sink_rows is None else self._sink_struct
-                    driver = BucketDriver(spec, up, self.clock, sink_rows)
+                    driver = BucketDriver(spec, up, self.clock, sink_rows, self.timers)
                     df = df.withColumn("bucket", F.pmod(F.hash("k"), F.lit(self.buckets)))
                     if n_keyed == 1:
                         df = df.groupBy("bucket").applyInPandasWithState(
-                            driver.pandas_function(), out_schema, _STATE_SCHEMA, "append", "ProcessingTimeTimeout"
+                            driver.pandas_function(),
+                            out_schema,
+                            _STATE_SCHEMA,
+                            "append",
+                            "ProcessingTimeTimeout" if self.timers else "NoTimeout",
                         )
                     else:
                         df = df.groupBy("bucket").transformWithStateInPandas(
-                            driver.processor(), out_schema, "Append", "ProcessingTime"
+                            driver.processor(), out_schema, "Append", "ProcessingTime" if self.timers else "None"
                         )
                 else:
                     df = df.mapInArrow(_per_call_stage(spec, self.clock), _ROW_SCHEMA)
@@ -884,19 +924,46 @@ def _dict_rows(spark: Any, df: Any, step_id: str, schema: Any) -> Any:
 
 
 class _Listener:
-    """Prints the progress line and counts finished micro-batches."""
+    """Prints the progress line and counts finished micro-batches of this run's query."""
 
-    def __init__(self, run: StreamingRun, show: Optional[Callable[[str], None]], query_id: Any) -> None:
+    def __init__(self, run: StreamingRun, show: Optional[Callable[[str], None]]) -> None:
         self.run = run
         self.show = show
         self.cond = threading.Condition()
+        self.last_batch = -1
+        self.early: list[dict[str, Any]] = []  # events seen before the query object was known
+
+    def started(self) -> None:
+        """Replay the events that arrived before `run.query` was set."""
+        with self.cond:
+            early, self.early = self.early, []
+        for p in early:
+            self.progress(p)
 
     def progress(self, p: dict[str, Any]) -> None:
-        with self.cond:
-            self.run.batches += 1
-            self.cond.notify_all()
+        query = self.run.query
+        if query is None:
+            with self.cond:
+                self.early.append(p)
+            return
+        if p.get("runId") != str(query.runId):
+            return  # another query of the same name (e.g. a late event of an earlier run)
         if self.show is not None:
             self.show(_progress_line(p))
+        with self.cond:
+            self.run.batches += 1
+            self.last_batch = max(self.last_batch, int(p.get("batchId", -1)))
+            self.cond.notify_all()
+
+    def drain(self, query: Any, timeout: float = 10.0) -> None:
+        """Wait until the progress of the query's last micro-batch was delivered (events are asynchronous)."""
+        last = query.lastProgress
+        if last is None:
+            return
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.last_batch < last["batchId"] and time.monotonic() < deadline:
+                self.cond.wait(0.05)
 
 
 def _make_listener(spark: Any, on_progress: Callable[[dict[str, Any]], None], name: str) -> Any:
@@ -1007,7 +1074,8 @@ def run_streaming(
     if explain:
         print(plan)
     steps = [ks.step_id for st in plan.stages for ks in st.spec.chain]
-    _check_meta(checkpoint, plan.flow_id, buckets, steps)
+    needs_timers = not all(never_notifies(ks.builder) for st in plan.stages for ks in st.spec.chain)
+    timers = _check_meta(checkpoint, plan.flow_id, buckets, steps, needs_timers)
     if spark is None:
         from flowspark.spark.session import get_session
 
@@ -1023,16 +1091,18 @@ def run_streaming(
         plan,
         depths,
         spark,
-        {"checkpoint": checkpoint, "buckets": buckets, "clock": clock, "max_items": max_items},
+        {"checkpoint": checkpoint, "buckets": buckets, "clock": clock, "max_items": max_items, "timers": timers},
     )
     sr._nodes = list(_streaming_flow(flow).graph().nodes)  # noqa: SLF001
-    lst = _Listener(sr, show, None)
+    lst = _Listener(sr, show)
     spark_listener = _make_listener(spark, lst.progress, f"flowspark_{plan.flow_id}")
     if listener is not None:
         spark.streams.addListener(listener)
     try:
         query = sr.start(trigger)
+        lst.started()
         _wait(sr, query, lst, trigger, timeout)
+        lst.drain(query)
     finally:
         spark.streams.removeListener(spark_listener)
         if listener is not None:

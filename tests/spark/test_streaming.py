@@ -210,6 +210,25 @@ def test_checkpoint_of_another_flow_or_bucket_count_is_refused(tmp_path):
         _check_meta(chk, "flow_b", 64, ["flow_b.count"])
 
 
+def test_checkpoint_keeps_the_timer_choice_it_was_made_with(tmp_path):
+    import json
+
+    from flowspark.errors import RecoveryError
+    from flowspark.spark.streaming import META_FILE, _check_meta
+
+    quiet = str(tmp_path / "quiet")
+    assert _check_meta(quiet, "f", 64, ["f.count"], timers=False) is False
+    assert json.load(open(f"{quiet}/{META_FILE}"))["timers"] is False
+    assert _check_meta(quiet, "f", 64, ["f.count"], timers=False) is False
+    with pytest.raises(RecoveryError, match="without timers"):
+        _check_meta(quiet, "f", 64, ["f.count"], timers=True)
+    # A checkpoint written before the choice was recorded ran with timers: it keeps them.
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / META_FILE).write_text(json.dumps({"flow_id": "f", "buckets": 64, "stateful_steps": ["f.count"]}))
+    assert _check_meta(str(old), "f", 64, ["f.count"], timers=False) is True
+
+
 def test_streaming_needs_a_checkpoint(tmp_path):
     from flowspark.errors import FlowsparkTypeError
     from flowspark.spark import run

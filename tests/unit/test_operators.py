@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 import pytest
 
 import flowspark.operators as op
+import flowspark.operators.windowing as win
 from flowspark import ir
 from flowspark._time import use_clock, utc_now
 from flowspark.dataflow import Dataflow, Stream
@@ -1242,3 +1243,65 @@ def test_on_eof_bad_return_shape_names_step():
     err = run_fails([("a", 1)], lambda s: op.stateful("st", s, BadEof))
     assert "step 'f.st.stateful_batch': on_eof() must return a 2-tuple (emits, discard)" in str(err)
     assert "for key 'a'" in str(err)
+
+
+# --------------------------------------------------------------------------- never_notifies
+def _builders(build) -> list:
+    from flowspark import ir
+
+    flow = Dataflow("nn")
+    s = op.input("inp", flow, TestingSource([("a", 1)]))
+    op.output("out", build(s), TestingSink([]))
+    return [n.builder for n in flow.graph().nodes if isinstance(n, ir.StatefulBatch)]
+
+
+class _Quiet(op.StatefulLogic):
+    def __init__(self, resume_state=None):
+        self.state = resume_state
+
+    def on_item(self, value):
+        return [value], self.RETAIN
+
+    def snapshot(self):
+        return None
+
+
+class _Alarm(_Quiet):
+    def notify_at(self):
+        return None
+
+
+@pytest.mark.parametrize(
+    ("build", "never"),
+    [
+        (lambda s: op.stateful_map("m", s, lambda st, v: (st, v)), True),
+        (lambda s: op.stateful_flat_map("m", s, lambda st, v: (st, [v])), True),
+        (lambda s: op.fold_final("m", s, list, lambda a, v: a), True),
+        (lambda s: op.reduce_final("m", s, lambda a, b: a), True),
+        (lambda s: op.max_final("m", s), True),
+        (lambda s: op.count_final("m", s, lambda kv: kv[0]), True),
+        (lambda s: op.join("m", s, s), True),
+        (lambda s: op.stateful("m", s, _Quiet), True),  # a class that keeps the default notify_at
+        (lambda s: op.stateful("m", s, _Alarm), False),
+        (lambda s: op.stateful("m", s, lambda st: _Quiet()), False),  # a function: unknown
+        (lambda s: op.collect("m", s, timeout=timedelta(seconds=1), max_size=3), False),
+    ],
+)
+def test_never_notifies_marks_only_steps_whose_logics_cannot_notify(build, never):
+    from flowspark.operators import _wants_notify, never_notifies
+
+    builders = _builders(build)
+    assert builders
+    assert all(never_notifies(b) for b in builders) is never
+    if never:  # the mark never lies: the logics really keep the default notify_at
+        assert not any(_wants_notify(b(None)) for b in builders)
+
+
+def test_windowing_steps_can_notify():
+    from flowspark.operators import never_notifies
+
+    clock = win.EventClock(lambda v: v, wait_for_system_duration=timedelta(0))
+    windower = win.TumblingWindower(length=timedelta(minutes=1), align_to=datetime(2024, 1, 1, tzinfo=timezone.utc))
+    builders = _builders(lambda s: win.count_window("w", s, clock, windower, lambda v: "k").down)
+    assert builders
+    assert not any(never_notifies(b) for b in builders)
