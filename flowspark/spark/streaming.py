@@ -37,6 +37,7 @@ driver. See docs/streaming.md.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import operator
 import os
@@ -89,6 +90,7 @@ _STATE_SCHEMA = "blob binary"
 _DEFAULT_BUCKETS = 64
 _DEFAULT_INTERVAL = "500 milliseconds"
 _second = operator.itemgetter(1)
+_key_seq = operator.itemgetter(0, 1)
 
 
 class _Streamed(TestingSource):
@@ -288,17 +290,16 @@ class BucketDriver:
             StepFailure: A user callable failed.
         """
         out: list[tuple[bytes, Any]] = []
-        value_only = self.spec.input_value_only
-        rows.sort(key=lambda r: (r[0], r[1]))
-        n = len(rows)
+        rows.sort(key=_key_seq)
+        keys = [r[0] for r in rows]
+        seqs = [r[1] for r in rows]
+        vals = loads_all([r[2] for r in rows])
+        if not self.spec.input_value_only:
+            vals = list(map(_second, vals))
         i = 0
-        while i < n:
-            key = rows[i][0]
-            j = i
-            while j < n and rows[j][0] == key:
-                j += 1
-            vs = loads_all([v for _k, _s, v in rows[i:j]])
-            items = list(zip([r[1] for r in rows[i:j]], vs if value_only else map(_second, vs), strict=True))
+        for key, run in itertools.groupby(keys):
+            j = i + len(list(run))
+            items = list(zip(seqs[i:j], vals[i:j], strict=True))
             i = j
             ent = table.get(key)
             logics = self._logics(key, ent[0] if ent else None)

@@ -1,6 +1,9 @@
 """A driver program for the kill -9 test: runs the count flow into a file sink, from a checkpoint.
 
-Usage: python streaming_driver.py ROOT CHECKPOINT OUT_DIR
+Usage: python streaming_driver.py ROOT CHECKPOINT OUT_DIR [continuous]
+
+With `continuous` the query runs until stopped (trigger=None); Ctrl-C (SIGINT) stops it
+between micro-batches and the driver prints DRIVER INTERRUPTED and exits with 130.
 """
 
 from __future__ import annotations
@@ -34,8 +37,14 @@ def main() -> None:
     from flowspark.spark import run
     from flowspark.spark.session import get_session
 
+    continuous = sys.argv[4:5] == ["continuous"]
     spark = get_session("local[2]", {"spark.sql.shuffle.partitions": "2"})
-    run(build(root, out_dir), spark=spark, checkpoint=chk, trigger="available_now", max_items=100)
+    try:
+        trigger = None if continuous else "available_now"
+        run(build(root, out_dir), spark=spark, checkpoint=chk, trigger=trigger, max_items=100)
+    except KeyboardInterrupt:
+        print("DRIVER INTERRUPTED", flush=True)
+        sys.exit(130)
     print("DRIVER DONE", flush=True)
 
 

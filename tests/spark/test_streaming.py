@@ -300,6 +300,55 @@ def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path):
     assert sum(finals.values()) == 1200
 
 
+@pytest.mark.slow
+def test_ctrl_c_stops_between_micro_batches_and_a_restart_loses_nothing(spark, tmp_path):
+    """SIGINT to a driver running until stopped: it stops between micro-batches; a restart finishes the input."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from streaming_driver import build
+
+    from flowspark.spark import run
+
+    root = str(tmp_path / "in")
+    for part in ("a", "b"):
+        for f in range(4):
+            write_jsonl(f"{root}/{part}/{f:04d}.jsonl", [{"user": f"u{(i * 5 + f) % 9}"} for i in range(150)])
+    ref_out = str(tmp_path / "ref_out")
+    run(build(root, ref_out), spark=spark, checkpoint=str(tmp_path / "ref"), trigger="available_now", progress=False)
+    chk, out = str(tmp_path / "chk"), str(tmp_path / "out")
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(here, "streaming_driver.py"), root, chk, out, "continuous"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    commits = os.path.join(chk, "query", "commits")
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if os.path.isdir(commits) and len([f for f in os.listdir(commits) if f.isdigit()]) >= 2:
+            break
+        time.sleep(0.02)
+    assert proc.poll() is None, "the driver ended on its own; it should run until stopped"
+    proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the driver
+    stdout, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert "DRIVER INTERRUPTED" in stdout
+    # Stopped between micro-batches: every planned batch (offset log) was committed.
+    offsets = os.path.join(chk, "query", "offsets")
+    planned = max(int(f) for f in os.listdir(offsets) if f.isdigit())
+    assert planned == max(int(f) for f in os.listdir(commits) if f.isdigit())
+    run(build(root, out), spark=spark, checkpoint=chk, trigger="available_now", max_items=100, progress=False)
+    got = sorted((r.user, r.n) for r in spark.read.json(out).collect())
+    want = sorted((r.user, r.n) for r in spark.read.json(ref_out).collect())
+    assert len(want) == 1200
+    assert got == want
+
+
 def _chain_flow(src: JsonlDirSource, out: list) -> Dataflow:
     flow = Dataflow("chain3")
     s = op.input("inp", flow, src)
