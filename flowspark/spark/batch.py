@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
@@ -130,13 +130,13 @@ class _Job:
             df = df.repartition(self.partitions, "k").sortWithinPartitions("k", "seq")
         return df
 
-    def rows_df(self, rows: list[tuple[Optional[str], bytes, bytes]], slices: int) -> Any:
+    def rows_df(self, rows: Sequence[tuple[Optional[str], bytes, bytes]], slices: int) -> Any:
         if not rows:
             return self.spark.createDataFrame([], _IN_SCHEMA)
         rdd = self.spark.sparkContext.parallelize(rows, numSlices=max(1, min(slices, len(rows))))
         return self.spark.createDataFrame(rdd, _IN_SCHEMA)
 
-    def chunks_df(self, rows: list[tuple[Optional[str], bytes, bytes]]) -> Any:
+    def chunks_df(self, rows: Sequence[tuple[Optional[str], bytes, bytes]]) -> Any:
         """Chunks of items as a DataFrame: through Arrow (no Python worker), `parallelism` partitions."""
         if not rows:
             return self.spark.createDataFrame([], _IN_SCHEMA)

@@ -237,15 +237,8 @@ def test_streaming_needs_a_checkpoint(tmp_path):
         run(_count_flow(str(tmp_path), []), trigger="available_now")
 
 
-@pytest.mark.slow
-def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path):
-    """Kill -9 the driver mid-stream, restart from the checkpoint: file-sink output equals an uninterrupted run."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
+def _driver_input(spark, tmp_path, mult: int, mod: int) -> tuple[str, list]:
+    """Write 1200 events for the driver's flow; return (input root, the rows of an uninterrupted run)."""
     from streaming_driver import build
 
     from flowspark.spark import run
@@ -253,46 +246,72 @@ def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path):
     root = str(tmp_path / "in")
     for part in ("a", "b"):
         for f in range(4):
-            write_jsonl(f"{root}/{part}/{f:04d}.jsonl", [{"user": f"u{(i * 3 + f) % 7}"} for i in range(150)])
-    # The uninterrupted run, in this process.
+            write_jsonl(f"{root}/{part}/{f:04d}.jsonl", [{"user": f"u{(i * mult + f) % mod}"} for i in range(150)])
     ref_out = str(tmp_path / "ref_out")
-    run(
-        build(root, ref_out),
-        spark=spark,
-        checkpoint=str(tmp_path / "ref_chk"),
-        trigger="available_now",
-        max_items=100,
-        progress=False,
-    )
-    # The killed run: a driver process killed with SIGKILL once some micro-batches are committed.
-    chk = str(tmp_path / "chk")
-    out = str(tmp_path / "out")
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(here, "streaming_driver.py"), root, chk, out],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    commits = os.path.join(chk, "query", "commits")
-    deadline = time.monotonic() + 240
-    killed = False
-    while time.monotonic() < deadline and proc.poll() is None:
-        done = [f for f in os.listdir(commits) if f.isdigit()] if os.path.isdir(commits) else []
-        if len(done) >= 3:
-            os.killpg(proc.pid, signal.SIGKILL)
-            killed = True
-            break
-        time.sleep(0.02)
-    proc.wait(timeout=60)
-    assert killed, "the driver ended before it could be killed; make the input larger"
-    n_done = len([f for f in os.listdir(commits) if f.isdigit()])
-    assert n_done < 6, "all 6 data micro-batches were committed before the kill"
-    # Restart from the checkpoint (in this process) and finish.
-    run(build(root, out), spark=spark, checkpoint=chk, trigger="available_now", max_items=100, progress=False)
-    got = sorted((r.user, r.n) for r in spark.read.json(out).collect())
+    ref_chk = str(tmp_path / "ref_chk")
+    run(build(root, ref_out), spark=spark, checkpoint=ref_chk, trigger="available_now", max_items=100, progress=False)
     want = sorted((r.user, r.n) for r in spark.read.json(ref_out).collect())
     assert len(want) == 1200
+    return root, want
+
+
+def _start_driver(root: str, chk: str, out: str, *extra: str, **popen):
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "streaming_driver.py")
+    return subprocess.Popen([sys.executable, script, root, chk, out, *extra], stdout=subprocess.PIPE, **popen)
+
+
+def _committed(chk: str) -> list[int]:
+    import os
+
+    commits = os.path.join(chk, "query", "commits")
+    return [int(f) for f in os.listdir(commits) if f.isdigit()] if os.path.isdir(commits) else []
+
+
+def _wait_for_commits(proc, chk: str, n: int) -> bool:
+    """Wait (up to 240 s) until `n` micro-batches are committed; False if the driver ended first."""
+    import time
+
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if len(_committed(chk)) >= n:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _restart_and_read(spark, root: str, chk: str, out: str) -> list:
+    from streaming_driver import build
+
+    from flowspark.spark import run
+
+    run(build(root, out), spark=spark, checkpoint=chk, trigger="available_now", max_items=100, progress=False)
+    return sorted((r.user, r.n) for r in spark.read.json(out).collect())
+
+
+@pytest.mark.slow
+def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path):
+    """Kill -9 the driver mid-stream, restart from the checkpoint: file-sink output equals an uninterrupted run."""
+    import os
+    import signal
+    import subprocess
+
+    root, want = _driver_input(spark, tmp_path, 3, 7)
+    # The killed run: a driver process killed with SIGKILL once some micro-batches are committed.
+    chk, out = str(tmp_path / "chk"), str(tmp_path / "out")
+    proc = _start_driver(root, chk, out, stderr=subprocess.DEVNULL, start_new_session=True)
+    killed = _wait_for_commits(proc, chk, 3)
+    if killed:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=60)
+    assert killed, "the driver ended before it could be killed; make the input larger"
+    assert len(_committed(chk)) < 6, "all 6 data micro-batches were committed before the kill"
+    # Restart from the checkpoint (in this process) and finish.
+    got = _restart_and_read(spark, root, chk, out)
     assert got == want
     finals: dict = {}
     for u, n in got:
@@ -306,47 +325,19 @@ def test_ctrl_c_stops_between_micro_batches_and_a_restart_loses_nothing(spark, t
     import os
     import signal
     import subprocess
-    import sys
-    import time
 
-    from streaming_driver import build
-
-    from flowspark.spark import run
-
-    root = str(tmp_path / "in")
-    for part in ("a", "b"):
-        for f in range(4):
-            write_jsonl(f"{root}/{part}/{f:04d}.jsonl", [{"user": f"u{(i * 5 + f) % 9}"} for i in range(150)])
-    ref_out = str(tmp_path / "ref_out")
-    run(build(root, ref_out), spark=spark, checkpoint=str(tmp_path / "ref"), trigger="available_now", progress=False)
+    root, want = _driver_input(spark, tmp_path, 5, 9)
     chk, out = str(tmp_path / "chk"), str(tmp_path / "out")
-    here = os.path.dirname(os.path.abspath(__file__))
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(here, "streaming_driver.py"), root, chk, out, "continuous"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    commits = os.path.join(chk, "query", "commits")
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and proc.poll() is None:
-        if os.path.isdir(commits) and len([f for f in os.listdir(commits) if f.isdigit()]) >= 2:
-            break
-        time.sleep(0.02)
-    assert proc.poll() is None, "the driver ended on its own; it should run until stopped"
+    proc = _start_driver(root, chk, out, "continuous", stderr=subprocess.DEVNULL, text=True)
+    assert _wait_for_commits(proc, chk, 2), "the driver ended on its own; it should run until stopped"
     proc.send_signal(signal.SIGINT)  # what Ctrl-C sends to the driver
     stdout, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130
     assert "DRIVER INTERRUPTED" in stdout
     # Stopped between micro-batches: every planned batch (offset log) was committed.
     offsets = os.path.join(chk, "query", "offsets")
-    planned = max(int(f) for f in os.listdir(offsets) if f.isdigit())
-    assert planned == max(int(f) for f in os.listdir(commits) if f.isdigit())
-    run(build(root, out), spark=spark, checkpoint=chk, trigger="available_now", max_items=100, progress=False)
-    got = sorted((r.user, r.n) for r in spark.read.json(out).collect())
-    want = sorted((r.user, r.n) for r in spark.read.json(ref_out).collect())
-    assert len(want) == 1200
-    assert got == want
+    assert max(int(f) for f in os.listdir(offsets) if f.isdigit()) == max(_committed(chk))
+    assert _restart_and_read(spark, root, chk, out) == want
 
 
 def _chain_flow(src: JsonlDirSource, out: list) -> Dataflow:
