@@ -334,9 +334,12 @@ def test_ctrl_c_stops_between_micro_batches_and_a_restart_loses_nothing(spark, t
     stdout, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130
     assert "DRIVER INTERRUPTED" in stdout
-    # Stopped between micro-batches: every planned batch (offset log) was committed.
+    # Stopped between micro-batches: with data flowing, batches run back to back, so the stop
+    # (right after a batch finished) may find the next one just planned; at most that one is
+    # uncommitted, and the restart redoes it (the output check below proves nothing is lost or doubled).
     offsets = os.path.join(chk, "query", "offsets")
-    assert max(int(f) for f in os.listdir(offsets) if f.isdigit()) == max(_committed(chk))
+    planned, committed = max(int(f) for f in os.listdir(offsets) if f.isdigit()), max(_committed(chk))
+    assert committed <= planned <= committed + 1, (planned, committed)
     assert _restart_and_read(spark, root, chk, out) == want
 
 
