@@ -5,8 +5,8 @@ kept alive by Spark between micro-batches): `latestOffset` polls every
 partition for what is ready now (at most `max_items` items per partition and
 micro-batch) and returns the partitions' new positions; `partitions` hands the
 items polled for that offset range to the tasks: each source partition's range
-becomes at most `splits` Spark tasks (one per source partition by default), each
-holding chunks of up to 5000 items. A task runs the source stage itself (the
+becomes at most `tasks // partitions` Spark tasks (at least one; `tasks` is the
+session's default parallelism), each holding chunks of up to 5000 items. A task runs the source stage itself (the
 stage is fused into the read, so the items cross from Python to Spark once):
 `read` feeds its chunks, as chunk rows of the batch runtime's row format (`seq` the
 source sequence `(source index, partition index, position)` of the first item,
