@@ -566,6 +566,11 @@ _first = itemgetter(0)
 _second = itemgetter(1)
 
 
+def _all_pairs(xs: list[Any]) -> bool:
+    """Whether every item is a 2-tuple (checked column-wise; False for no items)."""
+    return set(_map(type, xs)) == {tuple} and set(_map(len, xs)) == {2}
+
+
 def _unpack_kv(step_id: str, k_v: Any) -> tuple[Any, Any]:
     try:
         k, v = k_v
@@ -602,7 +607,7 @@ def map_value(step_id: str, up: KeyedStream[V], mapper: Callable[[V], W]) -> Key
     _check_callable(step_id, "mapper", mapper)
 
     def shim_mapper(xs: list[tuple[str, V]]) -> list[tuple[str, W]]:
-        if set(_map(type, xs)) == {tuple} and set(_map(len, xs)) == {2}:
+        if _all_pairs(xs):
             return list(zip(_map(_first, xs), _map(mapper, _map(_second, xs)), strict=True))
         out = []
         for k_v in xs:

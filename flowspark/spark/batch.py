@@ -13,10 +13,13 @@ from flowspark.spark.runtime import (
     HEAD_LEN,
     StepFailure,
     decode_task_error,
+    dict_rows,
     dumps,
     encode_task_error,
     loads,
+    loads_all,
     no_gc,
+    not_dict_error,
     source_seq,
     stage_function,
 )
@@ -231,7 +234,7 @@ class _Job:
                 return
             bad = next((x for x in sample if not isinstance(x, dict)), None)
             if bad is not None:
-                raise _fail(sk.step_id, _not_dict(sk.step_id, bad))
+                raise _fail(sk.step_id, not_dict_error(sk.step_id, bad))
             schema = self.spark.createDataFrame(sample).schema
         elif isinstance(schema, str):
             schema = StructType.fromDDL(schema)
@@ -317,14 +320,6 @@ def seq_column(pad: bytes) -> Any:
     head = F.expr(f"substring(seq, 1, {HEAD_LEN})")
     rest = F.expr(f"substring(seq, {HEAD_LEN + 1}, 1073741824)")
     return F.concat(head, F.lit(pad[:4]), rest, F.lit(pad[4:]))
-
-
-def _not_dict(step_id: str, x: Any) -> FlowsparkTypeError:
-    msg = (
-        f"step {step_id!r}: SparkSink writes dict items (one row each); received {x!r} of type "
-        f"{type(x).__name__}; map items to dicts before the output"
-    )
-    return FlowsparkTypeError(msg)
 
 
 def _guard(step_id: str, body: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -418,15 +413,10 @@ def _fixed_writer(step_id: str, sink: Any, keys: list[str]) -> Callable[[Iterato
 
 def _to_rows(step_id: str, arrow_schema: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
     def body(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
         for b in batches:
-            items = [loads(v) for v in b.column(2).to_pylist()]
-            for x in items:
-                if not isinstance(x, dict):
-                    raise _not_dict(step_id, x)
+            items = loads_all(b.column(2).to_pylist())
             if items:
-                yield pa.RecordBatch.from_pylist(items, schema=arrow_schema)
+                yield dict_rows(step_id, items, arrow_schema)
 
     return _guard(step_id, body)
 

@@ -53,7 +53,7 @@ import cloudpickle
 
 from flowspark._time import use_clock
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError
-from flowspark.operators import StatefulBatchLogic, _check_bool, _wants_notify
+from flowspark.operators import StatefulBatchLogic, _all_pairs, _check_bool, _wants_notify
 
 __all__ = [
     "EOF_BASE",
@@ -62,9 +62,11 @@ __all__ = [
     "StageSpec",
     "StepFailure",
     "decode_task_error",
+    "dict_rows",
     "drive_key",
     "drive_sorted_rows",
     "encode_task_error",
+    "not_dict_error",
     "run_stage_rows",
     "stage_streams",
 ]
@@ -714,7 +716,7 @@ def _port_rows(
         out_s.extend(map(_first, items))
         if port.key_for is not None:
             # Checked column-wise: every item a 2-tuple whose key is a str.
-            if not (set(map(type, xs)) == {tuple} and set(map(len, xs)) == {2}):
+            if not _all_pairs(xs):
                 raise StepFailure(port.key_for, _first_bad_key_item(port.key_for, xs))
             ks = list(map(_first, xs))
             if set(map(type, ks)) != {str}:
@@ -724,6 +726,48 @@ def _port_rows(
         else:
             out_k.extend([None] * n)
             out_v.extend(map(dumps, xs))
+
+
+def not_dict_error(step_id: str, x: Any) -> FlowsparkTypeError:
+    """The error for an item a `SparkSink` cannot write (not a dict).
+
+    Args:
+        step_id: The sink's step id.
+        x: The item.
+
+    Returns:
+        The error.
+    """
+    msg = (
+        f"step {step_id!r}: SparkSink writes dict items (one row each); received {x!r} of type "
+        f"{type(x).__name__}; map items to dicts before the output"
+    )
+    return FlowsparkTypeError(msg)
+
+
+def dict_rows(step_id: str, items: list[Any], arrow_schema: Any) -> Any:
+    """The rows a `SparkSink` writes: dict items as one Arrow record batch of `arrow_schema`.
+
+    Args:
+        step_id: The sink's step id.
+        items: The items (dicts).
+        arrow_schema: The sink's schema as an Arrow schema.
+
+    Returns:
+        A `pyarrow.RecordBatch`.
+
+    Raises:
+        StepFailure: An item is not a dict or does not fit the schema (names the sink).
+    """
+    import pyarrow as pa
+
+    bad = next((x for x in items if not isinstance(x, dict)), None)
+    if bad is not None:
+        raise StepFailure(step_id, not_dict_error(step_id, bad))
+    try:
+        return pa.RecordBatch.from_pylist(items, schema=arrow_schema)
+    except Exception as e:
+        raise StepFailure(step_id, e) from e
 
 
 def run_stage_rows(

@@ -67,13 +67,16 @@ from flowspark.spark.runtime import (
     KeyedStep,
     StageSpec,
     StepFailure,
+    _second,
     decode_task_error,
+    dict_rows,
     drive_key,
     encode_task_error,
     idx,
     loads,
     loads_all,
     no_gc,
+    not_dict_error,
     run_stage_rows,
     stage_function,
     stage_streams,
@@ -89,7 +92,6 @@ _ROW_SCHEMA = "p int, k string, seq binary, v binary"
 _STATE_SCHEMA = "blob binary"
 _DEFAULT_BUCKETS = 64
 _DEFAULT_INTERVAL = "500 milliseconds"
-_second = operator.itemgetter(1)
 _key_seq = operator.itemgetter(0, 1)
 
 
@@ -429,21 +431,10 @@ class BucketDriver:
 
     def _sink_frame(self, emits: list[tuple[bytes, Any]]) -> Any:
         """The stage's items as rows of the lone file sink's schema (see `sink_rows`)."""
-        import pyarrow as pa
-
         assert self.sink_rows is not None
         step_id, arrow_schema = self.sink_rows
         items = [x for _s, x in stage_streams(self.spec, emits).get(self.spec.ports[0].stream, ())]
-        if not items:
-            return None
-        bad = next((x for x in items if type(x) is not dict and not isinstance(x, dict)), None)
-        if bad is not None:
-            raise StepFailure(step_id, _not_dict(step_id, bad))
-        try:
-            table = pa.Table.from_pylist(items, schema=arrow_schema)
-        except Exception as e:
-            raise StepFailure(step_id, e) from e
-        return table.to_pandas()
+        return dict_rows(step_id, items, arrow_schema).to_pandas() if items else None
 
     def pandas_function(self) -> Callable[[Any, Iterator[Any], Any], Iterator[Any]]:
         """Build the function `applyInPandasWithState` calls.
@@ -849,7 +840,7 @@ class StreamingRun:
             else:
                 bad = next((x for x in items if not isinstance(x, dict)), None)
                 if bad is not None:
-                    raise _not_dict(sk.step_id, bad)
+                    raise not_dict_error(sk.step_id, bad)
                 sink = sk.sink
                 if sink.format == "kafka":
                     sink.write(self.spark.createDataFrame(items, sink.schema))
@@ -882,14 +873,6 @@ def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
     return err
 
 
-def _not_dict(step_id: str, x: Any) -> FlowsparkTypeError:
-    msg = (
-        f"step {step_id!r}: SparkSink writes dict items (one row each); received {x!r} of type "
-        f"{type(x).__name__}; map items to dicts before the output"
-    )
-    return FlowsparkTypeError(msg)
-
-
 def _sink_schema(schema: Any) -> tuple[Any, Any]:
     """`(StructType, Arrow schema)` of a SparkSink's schema (DDL string or StructType)."""
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -911,15 +894,13 @@ def _dict_rows(spark: Any, df: Any, step_id: str, schema: Any) -> Any:
     st, arrow_schema = _sink_schema(schema)
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
-        import pyarrow as pa
-
-        for b in batches:
-            items = [loads(v) for v in b.column(2).to_pylist()]
-            for x in items:
-                if not isinstance(x, dict):
-                    raise RuntimeError(encode_task_error(StepFailure(step_id, _not_dict(step_id, x))))
-            if items:
-                yield pa.RecordBatch.from_pylist(items, schema=arrow_schema)
+        try:
+            for b in batches:
+                items = loads_all(b.column(2).to_pylist())
+                if items:
+                    yield dict_rows(step_id, items, arrow_schema)
+        except StepFailure as f:
+            raise RuntimeError(encode_task_error(f)) from None
 
     return df.mapInArrow(fn, st)
 
