@@ -34,7 +34,10 @@ import argparse
 import json
 import sys
 import traceback
+from pathlib import Path
 from typing import Any, Optional
+
+from flowspark._args import conf_pair, parse_trigger, trigger_arg
 
 __all__ = ["build_parser", "main", "to_text"]
 
@@ -47,24 +50,6 @@ class CliError(Exception):
 
 def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
-
-
-def _conf_pair(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key.strip():
-        msg = f"{text!r} is not key=value (e.g. spark.sql.shuffle.partitions=4)"
-        raise argparse.ArgumentTypeError(msg)
-    return key.strip(), value
-
-
-def _trigger(text: str) -> str:
-    from flowspark.submit import parse_trigger
-
-    try:
-        parse_trigger(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,13 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--checkpoint", metavar="DIR", help="streaming checkpoint directory (Spark streaming)")
     run.add_argument(
         "--trigger",
-        type=_trigger,
+        type=trigger_arg,
         metavar="T",
         help="streaming trigger: available_now (process what is there, then stop) or 'N seconds'",
     )
     run.add_argument(
         "--conf",
-        type=_conf_pair,
+        type=conf_pair,
         action="append",
         default=[],
         metavar="KEY=VALUE",
@@ -211,13 +196,13 @@ def to_text(flow: Any, recursive: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _plan_json(plan: Any) -> dict[str, Any]:
+def _plan_json(plan: Any, describe: Any) -> dict[str, Any]:
     return {
         "stages": [
             {
                 "stage": st.spec.stage_id,
                 "kind": st.kind,
-                "lowers_to": st.lowering(),
+                "lowers_to": describe(st),
                 "steps": list(st.steps),
                 "inputs": [f"stage{s}.port{p}" for s, p, _ in st.inputs],
                 "ports": [{"stream": p.stream, "keyed_for": p.key_for} for p in st.spec.ports],
@@ -232,67 +217,21 @@ def _plan_json(plan: Any) -> dict[str, Any]:
     }
 
 
-def _state_layout(plan: Any, streaming: bool, buckets: int, partitions: Optional[int]) -> list[dict[str, Any]]:
-    """How each keyed stage partitions its keys and keeps their state."""
+def _state_layout(plan: Any, streaming: Any, partitions: Optional[int]) -> list[dict[str, Any]]:
+    """How each keyed stage partitions its keys and keeps their state, in the lowering's own words."""
+    from flowspark.spark.batch import describe_keyed_state, describe_stage
+
     out = []
     for st in plan.stages:
         if st.kind != "keyed":
             continue
-        steps = [ks.step_id for ks in st.spec.chain]
-        if streaming:
-            out.append(
-                {
-                    "stage": st.spec.stage_id,
-                    "steps": steps,
-                    "buckets": buckets,
-                    "lowers_to": (
-                        f"groupBy(bucket = pmod(hash(k), {buckets})).applyInPandasWithState("
-                        "state 'blob binary', ProcessingTimeTimeout)"
-                    ),
-                    "state": (
-                        "one row per bucket: pickle of {key: (snapshots, notify_at)}, snapshots[i] = None or "
-                        f"(snapshot of {steps[0] if len(steps) == 1 else 'step i of ' + ', '.join(steps)},); "
-                        "the bucket's timeout is its earliest notify_at; the bucket count is fixed for a checkpoint"
-                    ),
-                }
-            )
+        entry: dict[str, Any] = {"stage": st.spec.stage_id, "steps": [ks.step_id for ks in st.spec.chain]}
+        if streaming is not None:
+            entry.update(buckets=streaming.buckets, lowers_to=streaming.stage(st), state=streaming.state(st))
         else:
-            where = f"{partitions} Spark partitions" if partitions else "spark.sql.shuffle.partitions partitions"
-            out.append(
-                {
-                    "stage": st.spec.stage_id,
-                    "steps": steps,
-                    "partitions": partitions,
-                    "lowers_to": f"repartition({where} by k) -> sortWithinPartitions(k, seq) -> mapInArrow",
-                    "state": (
-                        "not stored: each key's logics live in its task while the key's sorted values are driven, "
-                        "then on_eof; a failed task reruns from its input"
-                    ),
-                }
-            )
+            entry.update(partitions=partitions, lowers_to=describe_stage(st), state=describe_keyed_state(st))
+        out.append(entry)
     return out
-
-
-def _streaming_lowering(st: Any, buckets: int) -> str:
-    """What a stage of a streaming plan lowers to (the batch plan's text says batch operations)."""
-    if st.kind == "source":
-        if st.spec.source == "native":
-            return "spark.readStream of the SparkSource -> mapInArrow"
-        return "readStream.format('flowspark_source') (offsets: the partitions' snapshots) -> mapInArrow"
-    union = " + ".join(f"stage{s}.port{p}" for s, p, _ in st.inputs)
-    if st.kind == "keyed":
-        return f"({union} + tick stream) -> groupBy(pmod(hash(k), {buckets})).applyInPandasWithState"
-    return f"({union}) -> mapInArrow"
-
-
-def _streaming_text(plan: Any, buckets: int) -> str:
-    lines = str(plan).splitlines()
-    heads = {f"stage {st.spec.stage_id} [{st.kind}]: {st.lowering()}": st for st in plan.stages}
-    out = []
-    for ln in lines:
-        st = heads.get(ln)
-        out.append(ln if st is None else f"stage {st.spec.stage_id} [{st.kind}]: {_streaming_lowering(st, buckets)}")
-    return "\n".join(out)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -311,15 +250,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         msg = "--spark prints the Spark plan as text or json; use --format text or --format json"
         raise CliError(msg)
     _need_pyspark("plan --spark")
+    from flowspark.spark.batch import describe_stage
     from flowspark.spark.compiler import compile_flow
-    from flowspark.spark.streaming import compile_streaming, is_streaming
+    from flowspark.spark.streaming import Lowering, compile_streaming, needs_timers
 
-    streaming = is_streaming(flow)
-    plan = compile_streaming(flow)[0] if streaming else compile_flow(flow)
+    plan = compile_flow(flow.validate())
+    streaming = None
+    if not plan.bounded:
+        compile_streaming(plan)  # the checks of the streaming lowering
+        streaming = Lowering(plan, args.buckets, needs_timers(plan))
+    describe = describe_stage if streaming is None else streaming.stage
     physical: list[tuple[int, str]] = []
     partitions: Optional[int] = None
     if not args.no_physical:
-        from flowspark.spark.tools import open_session, physical_plans, streaming_physical_plans
+        from flowspark.spark.session import open_session
+        from flowspark.spark.tools import physical_plans, streaming_physical_plans
 
         spark = open_session(args.master, {"spark.sql.shuffle.partitions": "2"}, app_name="flowspark plan")
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
@@ -327,12 +272,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             physical = streaming_physical_plans(flow, spark, args.buckets)
         else:
             physical = physical_plans(plan, spark)
-    layout = _state_layout(plan, streaming, args.buckets, partitions)
+    layout = _state_layout(plan, streaming, partitions)
     if args.format == "json":
-        doc = {"dataflow": json.loads(to_json(flow, args.recursive)), "spark": _plan_json(plan)}
-        if streaming:
-            for st, d in zip(plan.stages, doc["spark"]["stages"], strict=True):
-                d["lowers_to"] = _streaming_lowering(st, args.buckets)
+        doc = {"dataflow": json.loads(to_json(flow, args.recursive)), "spark": _plan_json(plan, describe)}
         doc["spark"]["mode"] = "streaming" if streaming else "batch"
         doc["spark"]["keyed_state"] = layout
         if not args.no_physical:
@@ -341,7 +283,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return 0
     print(to_text(flow, args.recursive))
     print()
-    print(_streaming_text(plan, args.buckets) if streaming else plan)
+    print(plan.render(describe))
     print()
     mode = "a Structured Streaming query (an unbounded source)" if streaming else "Spark batch jobs (bounded input)"
     print(f"runs as {mode}")
@@ -413,7 +355,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if any(f is not None for f in streaming_flags) or unbounded:
         return _run_streaming(flow, args, conf, unbounded)
     from flowspark.spark import compile_flow, run
-    from flowspark.spark.tools import Progress, open_session
+    from flowspark.spark.session import open_session
+    from flowspark.spark.tools import Progress
 
     plan = compile_flow(flow)  # compile errors before starting a session
     if args.explain:
@@ -428,17 +371,55 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], unbounded: list[str]) -> int:
-    import importlib.util
+    """Run `flow` with the Spark streaming runtime (`flowspark.spark.streaming.run_streaming`).
 
-    if unbounded and importlib.util.find_spec("flowspark.spark.streaming") is None:
+    Prints Spark's per-micro-batch progress line on stderr (unless `--no-progress`).
+
+    Args:
+        flow: The dataflow.
+        args: Parsed `flowspark run` arguments (`master`, `checkpoint`, `trigger`, `no_progress`, `explain`).
+        conf: Spark settings.
+        unbounded: Step ids of the flow's unbounded inputs.
+
+    Returns:
+        The exit code.
+
+    Raises:
+        CliError: `--checkpoint` is missing for an unbounded flow, or
+            `--checkpoint`/`--trigger` were given for a bounded one.
+    """
+    if not unbounded:
         msg = (
-            f"source(s) {', '.join(map(repr, unbounded))} are unbounded, but this flowspark has no Spark "
-            "streaming runtime (flowspark.spark.streaming); use bounded sources or --runtime local"
+            "--checkpoint/--trigger/--timeout/--buckets apply to flows with an unbounded source; every source "
+            "of this flow is bounded, so it runs as a Spark batch job: drop them"
         )
         raise CliError(msg)
-    from flowspark.submit import run_streaming
+    if args.checkpoint is None:
+        msg = (
+            f"source(s) {', '.join(map(repr, unbounded))} are unbounded, so the flow runs as a streaming query "
+            "and needs --checkpoint DIR (where its offsets and state live)"
+        )
+        raise CliError(msg)
+    trigger = None
+    if args.trigger is not None:
+        kind, secs = parse_trigger(args.trigger)
+        trigger = "available_now" if kind == "available_now" else f"{round((secs or 0) * 1000)} milliseconds"
+    from flowspark.spark.session import open_session
+    from flowspark.spark.streaming import run_streaming as _run
 
-    return run_streaming(flow, args, conf, unbounded)
+    spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}")
+    progress: Any = False if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
+    _run(
+        flow,
+        spark=spark,
+        checkpoint=str(Path(args.checkpoint).resolve()),
+        trigger=trigger,
+        progress=progress,
+        explain=args.explain,
+        timeout=args.timeout,
+        **({"buckets": args.buckets} if args.buckets is not None else {}),
+    )
+    return 0
 
 
 # -- main -----------------------------------------------------------------------------------------
@@ -511,7 +492,8 @@ def _cmd_state(args: argparse.Namespace) -> int:
     steps = list(meta.get("stateful_steps") or [])
     picked = _pick_steps(steps, args.step, args.checkpoint)
     _need_pyspark("state")
-    from flowspark.spark.tools import open_session, read_state
+    from flowspark.spark.session import open_session
+    from flowspark.spark.tools import read_state
 
     spark = open_session(args.master, {"spark.sql.shuffle.partitions": "1"}, app_name="flowspark state")
     meta, table = read_state(spark, args.checkpoint, args.batch_id)

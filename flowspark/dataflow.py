@@ -18,6 +18,7 @@ def add_one(step_id, up):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -92,6 +93,14 @@ class Dataflow:
     # -- building ---------------------------------------------------------
     def _add_node(self, node: Node) -> None:
         self._nodes.append(node)
+
+    def _refine(self, stream_id: str, **facts: Any) -> None:
+        """Set IR facts (fields) of the core step producing `stream_id` (for the operator that built it)."""
+        for i in range(len(self._nodes) - 1, -1, -1):
+            if stream_id in self._nodes[i].downs:
+                self._nodes[i] = dataclasses.replace(self._nodes[i], **facts)
+                return
+        raise AssertionError(stream_id)
 
     def graph(self) -> Graph:
         """Return the core-step graph runtimes execute.

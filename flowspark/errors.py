@@ -22,6 +22,8 @@ FlowsparkError
 
 from __future__ import annotations
 
+from typing import Any, Optional
+
 
 class FlowsparkError(Exception):
     """Base class of every flowspark error."""
@@ -46,19 +48,84 @@ class FlowsparkCompileError(FlowsparkError, ValueError):
 class FlowsparkRuntimeError(FlowsparkError, RuntimeError):
     """A user callable failed while the dataflow ran.
 
+    Every runtime words it the same way (`from_error`):
+    `error in step 'flow.step' for key 'k': KeyError: 'user'`.
+
     Attributes:
         step_id: The fully qualified id of the step that failed.
+        key: The key whose logic failed (stateful steps), else `None`.
+        exc_type: Name of the original exception's type.
+        exc_message: The original exception's message.
     """
 
-    def __init__(self, step_id: str, message: str) -> None:
+    def __init__(
+        self,
+        step_id: str,
+        message: str,
+        key: Optional[str] = None,
+        exc_type: Optional[str] = None,
+        exc_message: Optional[str] = None,
+    ) -> None:
         """Create the error.
 
         Args:
             step_id: Fully qualified step id.
             message: What happened.
+            key: The key being processed, if any.
+            exc_type: Name of the original exception's type.
+            exc_message: The original exception's message.
         """
         super().__init__(message)
         self.step_id = step_id
+        self.key = key
+        self.exc_type = exc_type
+        self.exc_message = exc_message
+
+    def __reduce__(self) -> Any:
+        """Pickle with every attribute (errors travel from Spark workers)."""
+        return (type(self), (self.step_id, str(self), self.key, self.exc_type, self.exc_message))
+
+    @classmethod
+    def describe(
+        cls, step_id: str, exc_type: str, exc_message: str, key: Optional[str] = None
+    ) -> FlowsparkRuntimeError:
+        """Build the error from its parts (the one wording every runtime uses).
+
+        Args:
+            step_id: Fully qualified step id.
+            exc_type: Name of the original exception's type.
+            exc_message: The original exception's message.
+            key: The key being processed, if any.
+
+        Returns:
+            The error (no cause attached).
+        """
+        where = f"step {step_id!r}" if key is None else f"step {step_id!r} for key {key!r}"
+        return cls(step_id, f"error in {where}: {exc_type}: {exc_message}", key, exc_type, exc_message)
+
+    @classmethod
+    def from_error(cls, step_id: str, error: BaseException, key: Optional[str] = None) -> FlowsparkRuntimeError:
+        """Wrap an exception raised by user code (or by a check of its result) in a step.
+
+        A `FlowsparkRuntimeError` is returned unchanged (it already names its step).
+
+        Args:
+            step_id: Fully qualified step id.
+            error: The exception.
+            key: The key being processed, if any.
+
+        Returns:
+            The error, with `error` as its `__cause__`.
+
+        Example:
+            >>> str(FlowsparkRuntimeError.from_error("f.count", KeyError("user"), key="ann"))
+            "error in step 'f.count' for key 'ann': KeyError: 'user'"
+        """
+        if isinstance(error, FlowsparkRuntimeError):
+            return error
+        err = cls.describe(step_id, type(error).__name__, str(error), key)
+        err.__cause__ = error
+        return err
 
 
 class RecoveryError(FlowsparkError, ValueError):

@@ -26,6 +26,7 @@ X = TypeVar("X")
 S = TypeVar("S")
 
 __all__ = [
+    "DriverItems",
     "AbortExecution",
     "CSVSource",
     "DirSource",
@@ -154,6 +155,30 @@ class DynamicSource(Source[X]):
 
         Returns:
             The partition.
+        """
+
+
+class DriverItems(ABC):
+    """A bounded source whose items are already in this (the driver's) process.
+
+    `TestingSource` is one. A distributed runtime may ship such items as data
+    instead of reading the source's partitions in its workers (the Spark batch
+    runtime sends them in chunks through Arrow).
+    """
+
+    @abstractmethod
+    def driver_items(self, step_id: str) -> list[Any]:
+        """The items one execution reads, in order (up to the first end-of-input marker).
+
+        Args:
+            step_id: Fully qualified id of the input step (for error messages).
+
+        Returns:
+            The items.
+
+        Raises:
+            FlowsparkCompileError: The items hold something only the in-memory
+                executor can run (e.g. `TestingSource.ABORT`).
         """
 
 

@@ -75,12 +75,18 @@ class InspectDebug:
 
 @dataclass(frozen=True)
 class FlatMapBatch:
-    """Call `mapper(list_of_items) -> iterable` on each runtime batch."""
+    """Call `mapper(list_of_items) -> iterable` on each runtime batch.
+
+    `one_to_one`: the mapper returns exactly one output per input, in order (set by
+    `map`, `map_value`, `key_on`, `key_rm`); a runtime may then keep each input's
+    position for its output instead of numbering outputs.
+    """
 
     step_id: str
     up: str
     mapper: Callable[[list[Any]], Any]
     down: str
+    one_to_one: bool = False
 
     @property
     def ups(self) -> tuple[str, ...]:
@@ -154,12 +160,19 @@ class Redistribute:
 
 @dataclass(frozen=True)
 class StatefulBatch:
-    """Keyed state: `builder(resume_state | None) -> StatefulBatchLogic` per key."""
+    """Keyed state: `builder(resume_state | None) -> StatefulBatchLogic` per key.
+
+    `notifies`: whether a logic of this step can ask for a notification
+    (`notify_at`). False is a promise, set by the operator that built the step
+    (`stateful_map`, `fold_final`, `join`, a logic class keeping the default
+    `notify_at`...); a runtime may then run the step without timers.
+    """
 
     step_id: str
     up: str
     builder: Callable[[Any], Any]
     down: str
+    notifies: bool = True
 
     @property
     def ups(self) -> tuple[str, ...]:

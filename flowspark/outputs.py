@@ -23,6 +23,7 @@ X = TypeVar("X")
 S = TypeVar("S")
 
 __all__ = [
+    "DriverSink",
     "DirSink",
     "DynamicSink",
     "FileSink",
@@ -361,7 +362,16 @@ class _StdOutPartition(StatelessSinkPartition[Any]):
         out.flush()
 
 
-class StdOutSink(DynamicSink[Any]):
+class DriverSink(DynamicSink[X]):
+    """A sink written in this (the driver's) process, in the in-memory executor's order.
+
+    `TestingSink` and `StdOutSink` are such sinks. A distributed runtime collects
+    their items at the driver, sorts them into the order the in-memory executor
+    would write them, and writes them there (the Spark runtimes do).
+    """
+
+
+class StdOutSink(DriverSink[Any]):
     """Print each item (`str(item)`) on its own line to standard output.
 
     At-least-once: after a resume, items of the replayed epoch are printed again.

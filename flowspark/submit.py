@@ -27,115 +27,28 @@ import argparse
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Any, Optional
-from urllib.parse import urlparse
+from typing import Optional
 
 from flowspark.errors import FlowsparkError
 
 __all__ = [
-    "MasterUnreachableError",
     "SubmitError",
     "add_submit_arguments",
     "build_package",
-    "check_master",
-    "parse_trigger",
     "spark_submit_path",
     "submit",
 ]
 
-_TRIGGER_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?)\s*$")
 _SKIP_DIRS = {"__pycache__", "build", "dist", "node_modules", "site-packages"}
 
 
 class SubmitError(FlowsparkError, ValueError):
     """`flowspark submit` cannot package or submit the flow."""
-
-
-class MasterUnreachableError(FlowsparkError, ConnectionError):
-    """A `spark://` master did not accept a connection."""
-
-
-def parse_trigger(text: str) -> tuple[str, Optional[float]]:
-    """Parse a streaming trigger given on the command line.
-
-    Args:
-        text: `available_now` (process what is available, then stop) or an
-            interval like `10 seconds`, `500 ms`, `2 minutes`.
-
-    Returns:
-        `("available_now", None)` or `("processing_time", seconds)`.
-
-    Raises:
-        ValueError: Neither form.
-
-    Example:
-        >>> parse_trigger("available_now")
-        ('available_now', None)
-        >>> parse_trigger("10 seconds")
-        ('processing_time', 10.0)
-        >>> parse_trigger("500 ms")
-        ('processing_time', 0.5)
-    """
-    t = text.strip().lower()
-    if t in ("available_now", "availablenow", "available-now"):
-        return ("available_now", None)
-    m = _TRIGGER_RE.match(t)
-    if not m:
-        msg = f"trigger {text!r} is neither available_now nor an interval like '10 seconds' or '500 ms'"
-        raise ValueError(msg)
-    n, unit = float(m.group(1)), m.group(2)
-    if unit in ("m", "min", "mins", "minute", "minutes"):
-        scale = 60.0
-    elif unit.startswith("m"):
-        scale = 0.001
-    else:
-        scale = 1.0
-    return ("processing_time", n * scale)
-
-
-def check_master(master: str, timeout: float = 3.0) -> None:
-    """Check that a host of a `spark://h1:p1[,h2:p2]` master URL accepts TCP connections.
-
-    Other masters (`local[...]`, `yarn`, `k8s://...`) are not checked.
-
-    Args:
-        master: The master URL.
-        timeout: Seconds to wait for each connection.
-
-    Raises:
-        MasterUnreachableError: No listed host accepted a connection.
-
-    Example:
-        >>> check_master("local[2]")
-    """
-    if not master.startswith("spark://"):
-        return
-    errors = []
-    for hp in master[len("spark://") :].split(","):
-        try:
-            parsed = urlparse(f"spark://{hp}")
-            host, port = parsed.hostname, parsed.port
-        except ValueError:
-            host, port = None, None
-        if not host or port is None:
-            msg = f"master URL {master!r} has no valid HOST:PORT in {hp!r}; write it as spark://HOST:PORT (often 7077)"
-            raise MasterUnreachableError(msg)
-        try:
-            with socket.create_connection((host, port), timeout=timeout):
-                return
-        except OSError as e:
-            errors.append(f"{host}:{port}: {e.strerror or e}")
-    msg = (
-        f"cannot reach the Spark master {master} ({'; '.join(errors)}); start it "
-        "(`spark-class org.apache.spark.deploy.master.Master`) or fix --master"
-    )
-    raise MasterUnreachableError(msg)
 
 
 def spark_submit_path() -> Path:
@@ -166,7 +79,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     Args:
         parser: The sub-command's parser.
     """
-    from flowspark.cli import _conf_pair, _trigger
+    from flowspark._args import conf_pair, trigger_arg
 
     parser.add_argument("--master", required=True, metavar="URL", help="Spark master, e.g. spark://HOST:7077")
     parser.add_argument(
@@ -180,7 +93,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
         "--py-files", action="append", default=[], metavar="FILES", help="extra .zip/.py files (repeatable)"
     )
     parser.add_argument(
-        "--conf", type=_conf_pair, action="append", default=[], metavar="KEY=VALUE", help="Spark setting (repeatable)"
+        "--conf", type=conf_pair, action="append", default=[], metavar="KEY=VALUE", help="Spark setting (repeatable)"
     )
     parser.add_argument(
         "--project",
@@ -189,7 +102,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--name", help="application name (default: flowspark <flow id>)")
     parser.add_argument("--checkpoint", metavar="DIR", help="streaming checkpoint directory (passed to the driver)")
-    parser.add_argument("--trigger", type=_trigger, metavar="T", help="streaming trigger (passed to the driver)")
+    parser.add_argument("--trigger", type=trigger_arg, metavar="T", help="streaming trigger (passed to the driver)")
     parser.add_argument("--timeout", type=float, metavar="SECS", help="streaming: stop after SECS seconds")
     parser.add_argument("--buckets", type=int, metavar="B", help="streaming: state buckets (passed to the driver)")
     parser.add_argument(
@@ -333,14 +246,15 @@ def submit(args: argparse.Namespace) -> int:
     from flowspark._importstr import locate_dataflow
 
     flow = locate_dataflow(args.import_str)
-    flow.validate()
+    from flowspark.spark.batch import check_bounded
     from flowspark.spark.compiler import compile_flow
-    from flowspark.spark.streaming import compile_streaming, is_streaming
+    from flowspark.spark.streaming import compile_streaming
 
-    if is_streaming(flow):
-        compile_streaming(flow)
+    plan = compile_flow(flow.validate())
+    if plan.bounded:
+        check_bounded(plan)
     else:
-        compile_flow(flow)
+        compile_streaming(plan)
     exe = spark_submit_path()
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="flowspark-submit-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -379,6 +293,8 @@ def submit(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
+    from flowspark.spark.session import check_master
+
     check_master(args.master)
     return _run_spark_submit(cmd, work / "spark-submit.log")
 
@@ -448,55 +364,3 @@ def _run_spark_submit(cmd: list[str], log_path: Path) -> int:
             file=sys.stderr,
         )
     return 1 if code != 0 else 0
-
-
-def run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], unbounded: list[str]) -> int:
-    """Run `flow` with the Spark streaming runtime (`flowspark.spark.streaming.run_streaming`).
-
-    Prints Spark's per-micro-batch progress line on stderr (unless `--no-progress`).
-
-    Args:
-        flow: The dataflow.
-        args: Parsed `flowspark run` arguments (`master`, `checkpoint`, `trigger`, `no_progress`, `explain`).
-        conf: Spark settings.
-        unbounded: Step ids of the flow's unbounded inputs.
-
-    Returns:
-        The exit code.
-
-    Raises:
-        SubmitError: `--checkpoint` is missing for an unbounded flow, or
-            `--checkpoint`/`--trigger` were given for a bounded one.
-    """
-    if not unbounded:
-        msg = (
-            "--checkpoint/--trigger/--timeout/--buckets apply to flows with an unbounded source; every source "
-            "of this flow is bounded, so it runs as a Spark batch job: drop them"
-        )
-        raise SubmitError(msg)
-    if args.checkpoint is None:
-        msg = (
-            f"source(s) {', '.join(map(repr, unbounded))} are unbounded, so the flow runs as a streaming query "
-            "and needs --checkpoint DIR (where its offsets and state live)"
-        )
-        raise SubmitError(msg)
-    trigger = None
-    if args.trigger is not None:
-        kind, secs = parse_trigger(args.trigger)
-        trigger = "available_now" if kind == "available_now" else f"{round((secs or 0) * 1000)} milliseconds"
-    from flowspark.spark.streaming import run_streaming as _run
-    from flowspark.spark.tools import open_session
-
-    spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}")
-    progress: Any = False if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
-    _run(
-        flow,
-        spark=spark,
-        checkpoint=str(Path(args.checkpoint).resolve()),
-        trigger=trigger,
-        progress=progress,
-        explain=args.explain,
-        timeout=args.timeout,
-        **({"buckets": args.buckets} if args.buckets is not None else {}),
-    )
-    return 0

@@ -27,13 +27,15 @@ from typing import Any, Optional, TypeVar, Union
 from typing_extensions import override
 
 from flowspark._time import utc_now
+from flowspark.errors import FlowsparkCompileError
 from flowspark.inputs import (
     AbortExecution,
+    DriverItems,
     FixedPartitionedSource,
     StatefulSourcePartition,
     StatelessSourcePartition,
 )
-from flowspark.outputs import DynamicSink, StatelessSinkPartition
+from flowspark.outputs import DriverSink, StatelessSinkPartition
 from flowspark.runtime.local import run_main
 
 X = TypeVar("X")
@@ -142,7 +144,7 @@ class _IterSourcePartition(StatefulSourcePartition[X, int]):
         return self._idx
 
 
-class TestingSource(FixedPartitionedSource[X, int]):
+class TestingSource(FixedPartitionedSource[X, int], DriverItems):
     """Produce items from a Python iterable (one partition, resumable by index).
 
     Markers in the iterable control the execution: `TestingSource.EOF()` ends this
@@ -205,11 +207,32 @@ class TestingSource(FixedPartitionedSource[X, int]):
         return ["iterable"]
 
     @override
+    def driver_items(self, step_id: str) -> list[Any]:
+        raw = self._ib
+        if isinstance(raw, list) and not any(type(x) in _MARKER_TYPES for x in raw):
+            return raw  # fast path: no marker (subclasses of the markers are not expected)
+        items: list[Any] = []
+        for x in raw:
+            if isinstance(x, TestingSource.EOF):
+                break
+            if isinstance(x, TestingSource.PAUSE):
+                continue
+            if isinstance(x, TestingSource.ABORT):
+                msg = (
+                    f"step {step_id!r}: TestingSource.ABORT cannot run on the Spark batch runtime "
+                    "(a batch job has no epochs to abort between); remove the marker or use run_main"
+                )
+                raise FlowsparkCompileError(msg)
+            items.append(x)
+        return items
+
+    @override
     def build_part(self, step_id: str, for_part: str, resume_state: Optional[int]) -> _IterSourcePartition[X]:
         return _IterSourcePartition(self._ib, self._batch_size, resume_state)
 
 
 _MARKERS = (TestingSource.EOF, TestingSource.ABORT, TestingSource.PAUSE)
+_MARKER_TYPES = frozenset(_MARKERS)
 
 
 class _ListSinkPartition(StatelessSinkPartition[X]):
@@ -221,7 +244,7 @@ class _ListSinkPartition(StatelessSinkPartition[X]):
         self._ls += items
 
 
-class TestingSink(DynamicSink[X]):
+class TestingSink(DriverSink[X]):
     """Append every item to a list (never cleared between executions).
 
     Args:

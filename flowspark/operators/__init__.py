@@ -11,12 +11,11 @@ from __future__ import annotations
 import builtins
 import copy
 import itertools
-from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from operator import itemgetter
-from typing import Any, Callable, ClassVar, Generic, Literal, Optional, TypeVar
+from typing import Any, Callable, Generic, Literal, Optional, TypeVar
 
 from typing_extensions import Self, TypeAlias, override
 
@@ -25,6 +24,7 @@ from flowspark._time import utc_now
 from flowspark.dataflow import Dataflow, KeyedStream, Stream, operator
 from flowspark.errors import FlowsparkBuildError, FlowsparkTypeError
 from flowspark.inputs import Source
+from flowspark.logic import StatefulAdapter, StatefulBatchLogic, StatefulLogic, check_logic, class_never_notifies
 from flowspark.outputs import DynamicSink, Sink, StatelessSinkPartition
 
 X = TypeVar("X")
@@ -78,6 +78,12 @@ __all__ = [
 ]
 
 _EMPTY: tuple[Any, ...] = ()
+
+
+def _declare(down: Stream[X], **facts: Any) -> Stream[X]:
+    """Record facts about the core step producing `down` in the IR (see `ir.FlatMapBatch`, `ir.StatefulBatch`)."""
+    down.flow()._refine(down.stream_id, **facts)
+    return down
 
 
 def _identity(x: X) -> X:
@@ -325,61 +331,6 @@ def redistribute(step_id: str, up: Stream[X]) -> Stream[X]:
     return Stream(down, up.flow())
 
 
-class StatefulBatchLogic(ABC, Generic[V, W, S]):
-    """Per-key state driven a batch of values at a time (the lowest-level state API).
-
-    Each `on_*` method returns `(emits, discard)`: the values to emit (the runtime
-    pairs each with the key) and whether to drop this logic (`DISCARD`) or keep
-    it (`RETAIN`).
-    """
-
-    RETAIN: ClassVar[bool] = False
-    DISCARD: ClassVar[bool] = True
-
-    @abstractmethod
-    def on_batch(self, values: list[V]) -> tuple[Iterable[W], bool]:
-        """Handle the values that arrived for this key, in order.
-
-        Args:
-            values: Values, oldest first.
-
-        Returns:
-            `(emits, discard)`.
-        """
-
-    def on_notify(self) -> tuple[Iterable[W], bool]:
-        """Called when the time `notify_at` returned has passed.
-
-        Returns:
-            `(emits, discard)`; by default nothing and `RETAIN`.
-        """
-        return (_EMPTY, self.RETAIN)
-
-    def on_eof(self) -> tuple[Iterable[W], bool]:
-        """Called once when the upstream reaches end of input.
-
-        Returns:
-            `(emits, discard)`; by default nothing and `RETAIN`.
-        """
-        return (_EMPTY, self.RETAIN)
-
-    def notify_at(self) -> Optional[datetime]:
-        """Return the next system time to call `on_notify`, or `None`.
-
-        Returns:
-            An aware UTC datetime, or `None` for no notification.
-        """
-        return None
-
-    @abstractmethod
-    def snapshot(self) -> S:
-        """Return picklable, immutable state; the builder gets it back on resume.
-
-        Returns:
-            State.
-        """
-
-
 @operator(_core=True)
 def stateful_batch(
     step_id: str,
@@ -413,7 +364,8 @@ def stateful_batch(
     _check_stream(step_id, "up", up)
     _check_callable(step_id, "builder", builder)
     down = f"{step_id}.down"
-    up.flow()._add_node(ir.StatefulBatch(step_id, up.stream_id, builder, down))
+    notifies = not class_never_notifies(builder)
+    up.flow()._add_node(ir.StatefulBatch(step_id, up.stream_id, builder, down, notifies=notifies))
     return Stream(down, up.flow())
 
 
@@ -558,7 +510,7 @@ def map(step_id: str, up: Stream[X], mapper: Callable[[X], Y]) -> Stream[Y]:  # 
     def shim_mapper(xs: list[X]) -> list[Y]:
         return list(_map(mapper, xs))
 
-    return flat_map_batch("flat_map_batch", up, shim_mapper)
+    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), one_to_one=True)
 
 
 _map = builtins.map  # `map` is the operator below
@@ -615,7 +567,7 @@ def map_value(step_id: str, up: KeyedStream[V], mapper: Callable[[V], W]) -> Key
             out.append((k, mapper(v)))
         return out
 
-    return flat_map_batch("flat_map_batch", up, shim_mapper)
+    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), one_to_one=True)
 
 
 def _check_bool(step_id: str, what: str, x: Any, result: Any) -> bool:
@@ -810,7 +762,7 @@ def key_on(step_id: str, up: Stream[X], key: Callable[[X], str]) -> KeyedStream[
             out.append((k, x))
         return out
 
-    return flat_map_batch("flat_map_batch", up, shim_mapper)
+    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), one_to_one=True)
 
 
 @operator
@@ -837,7 +789,7 @@ def key_rm(step_id: str, up: KeyedStream[X]) -> Stream[X]:
     def shim_mapper(xs: list[tuple[str, X]]) -> list[X]:
         return [_unpack_kv(step_id, k_v)[1] for k_v in xs]
 
-    return flat_map_batch("flat_map_batch", up, shim_mapper)
+    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), one_to_one=True)
 
 
 def _default_inspector(step_id: str, item: Any) -> None:
@@ -1012,190 +964,6 @@ def enrich_cached(
 # ---------------------------------------------------------------------------
 
 
-class StatefulLogic(ABC, Generic[V, W, S]):
-    """Per-key state driven one value at a time.
-
-    Each `on_*` method returns `(emits, discard)`. After every activation the
-    runtime asks `notify_at()` for the next time to call `on_notify`.
-    """
-
-    RETAIN: ClassVar[bool] = False
-    DISCARD: ClassVar[bool] = True
-
-    @abstractmethod
-    def on_item(self, value: V) -> tuple[Iterable[W], bool]:
-        """Handle one value for this key.
-
-        Args:
-            value: The value.
-
-        Returns:
-            `(emits, discard)`.
-        """
-
-    def on_notify(self) -> tuple[Iterable[W], bool]:
-        """Called when the time `notify_at` returned has passed.
-
-        Returns:
-            `(emits, discard)`; by default nothing and `RETAIN`.
-        """
-        return (_EMPTY, self.RETAIN)
-
-    def on_eof(self) -> tuple[Iterable[W], bool]:
-        """Called once when the upstream reaches end of input.
-
-        Returns:
-            `(emits, discard)`; by default nothing and `RETAIN`.
-        """
-        return (_EMPTY, self.RETAIN)
-
-    def notify_at(self) -> Optional[datetime]:
-        """Return the next system time to call `on_notify`, or `None`.
-
-        Returns:
-            An aware UTC datetime or `None`.
-        """
-        return None
-
-    @abstractmethod
-    def snapshot(self) -> S:
-        """Return picklable, immutable state; the builder gets it back on resume.
-
-        Returns:
-            State.
-        """
-
-
-class _StatefulLogic(StatefulBatchLogic[V, W, S]):
-    """Adapts a `StatefulLogic` to the batch contract (rebuilds after a mid-batch discard)."""
-
-    __slots__ = ("builder", "logic", "step_id")
-
-    def __init__(
-        self,
-        builder: Callable[[Optional[S]], StatefulLogic[V, W, S]],
-        logic: StatefulLogic[V, W, S],
-        step_id: str = "?",
-    ):
-        self.builder = builder
-        self.logic: Optional[StatefulLogic[V, W, S]] = logic
-        self.step_id = step_id
-
-    @override
-    def on_batch(self, values: list[V]) -> tuple[Iterable[W], bool]:
-        emits: list[W] = []
-        logic = self.logic
-        for v in values:
-            if logic is None:
-                logic = _check_logic(self.step_id, self.builder(None))
-            res = logic.on_item(v)
-            try:
-                ws, discard = res
-            except (TypeError, ValueError):
-                msg = (
-                    f"step {self.step_id!r}: on_item() must return a 2-tuple (emits, discard) such as "
-                    f"`([x], StatefulLogic.RETAIN)`; returned {res!r} of type {type(res).__name__}"
-                )
-                raise FlowsparkTypeError(msg) from None
-            try:
-                emits.extend(ws)
-            except TypeError:
-                if isinstance(ws, Iterable):
-                    raise
-                msg = (
-                    f"step {self.step_id!r}: on_item() must return (emits, discard) with an iterable "
-                    f"of emits such as `([x], StatefulLogic.RETAIN)`; returned {res!r}"
-                )
-                raise FlowsparkTypeError(msg) from None
-            if discard:
-                logic = None
-        self.logic = logic
-        return (emits, logic is None)
-
-    @override
-    def on_notify(self) -> tuple[Iterable[W], bool]:
-        assert self.logic is not None
-        return self.logic.on_notify()
-
-    @override
-    def on_eof(self) -> tuple[Iterable[W], bool]:
-        assert self.logic is not None
-        return self.logic.on_eof()
-
-    @override
-    def notify_at(self) -> Optional[datetime]:
-        assert self.logic is not None
-        return self.logic.notify_at()
-
-    @override
-    def snapshot(self) -> S:
-        assert self.logic is not None
-        return self.logic.snapshot()
-
-
-def overrides(obj: Any, base: type, name: str) -> bool:
-    """Whether `obj`'s class overrides method `name` of `base` (runtimes skip no-op hooks).
-
-    Args:
-        obj: A logic object.
-        base: The base class.
-        name: Method name.
-
-    Returns:
-        True if the class defines its own `name`.
-    """
-    return getattr(type(obj), name) is not getattr(base, name)
-
-
-_NOTIFY_CACHE: dict[type, bool] = {}
-
-
-def _wants_notify(logic: Any) -> bool:
-    """Whether a logic's class overrides `notify_at` (runtimes skip the call otherwise; cached per class)."""
-    inner = logic.logic if type(logic) is _StatefulLogic else logic
-    cls: type = type(inner)
-    hit = _NOTIFY_CACHE.get(cls)
-    if hit is None:
-        base: type = StatefulLogic if isinstance(inner, StatefulLogic) else StatefulBatchLogic
-        hit = getattr(cls, "notify_at") is not getattr(base, "notify_at")  # noqa: B009
-        _NOTIFY_CACHE[cls] = hit
-    return hit
-
-
-_NEVER_NOTIFIES = "_flowspark_never_notifies"
-
-
-def _never_notifies(builder: Any) -> Any:
-    """Mark a builder whose logics never override `notify_at` (see `never_notifies`)."""
-    setattr(builder, _NEVER_NOTIFIES, True)
-    return builder
-
-
-def never_notifies(builder: Any) -> bool:
-    """Whether no logic `builder` returns can ever ask for a notification.
-
-    True for the builders of flowspark's own operators that keep no timers
-    (`stateful_map`, `stateful_flat_map`, `fold_final`, `reduce_final` and what is
-    built on them, `join`) and for a `StatefulLogic` / `StatefulBatchLogic`
-    subclass used directly as the builder that does not override `notify_at`.
-    A runtime may then run the step without timers (the Spark streaming runtime
-    lowers it without timeouts). Anything else, e.g. a function returning a user
-    logic, counts as possibly notifying.
-
-    Args:
-        builder: The builder of a `stateful_batch` step.
-
-    Returns:
-        True when the step can never schedule a notification.
-    """
-    if getattr(builder, _NEVER_NOTIFIES, False) is True:
-        return True
-    if isinstance(builder, type) and issubclass(builder, (StatefulLogic, StatefulBatchLogic)):
-        base: type = StatefulLogic if issubclass(builder, StatefulLogic) else StatefulBatchLogic
-        return getattr(builder, "notify_at") is getattr(base, "notify_at")  # noqa: B009
-    return False
-
-
 @operator
 def stateful(
     step_id: str,
@@ -1227,21 +995,10 @@ def stateful(
     """
     _check_callable(step_id, "builder", builder)
 
-    def shim_builder(resume_state: Optional[S]) -> _StatefulLogic[V, W, S]:
-        return _StatefulLogic(builder, _check_logic(step_id, builder(resume_state)), step_id)
+    def shim_builder(resume_state: Optional[S]) -> StatefulAdapter[V, W, S]:
+        return StatefulAdapter(builder, check_logic(step_id, builder(resume_state)), step_id)
 
-    if never_notifies(builder):
-        _never_notifies(shim_builder)
-    return stateful_batch("stateful_batch", up, shim_builder)
-
-
-def _check_logic(step_id: str, logic: Any) -> StatefulLogic[Any, Any, Any]:
-    if not isinstance(logic, StatefulLogic):
-        msg = (
-            f"step {step_id!r}: builder must return a StatefulLogic; returned {logic!r} of type {type(logic).__name__}"
-        )
-        raise FlowsparkTypeError(msg)
-    return logic
+    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=not class_never_notifies(builder))
 
 
 class _StatefulFlatMapLogic(StatefulBatchLogic[V, W, S]):
@@ -1350,7 +1107,7 @@ def stateful_map(
     def shim_builder(resume_state: Optional[S]) -> _StatefulMapLogic[V, W, S]:
         return _StatefulMapLogic(step_id, mapper, resume_state)
 
-    return stateful_batch("stateful_batch", up, _never_notifies(shim_builder))
+    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False)
 
 
 @operator
@@ -1386,7 +1143,7 @@ def stateful_flat_map(
     def shim_builder(resume_state: Optional[S]) -> _StatefulFlatMapLogic[V, W, S]:
         return _StatefulFlatMapLogic(step_id, mapper, resume_state)
 
-    return stateful_batch("stateful_batch", up, _never_notifies(shim_builder))
+    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False)
 
 
 @dataclass
@@ -1535,7 +1292,7 @@ def fold_final(
     def shim_builder(resume_state: Optional[S]) -> _FoldFinalLogic[V, S]:
         return _FoldFinalLogic(builder, folder, resume_state)
 
-    return stateful_batch("stateful_batch", up, _never_notifies(shim_builder))
+    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False)
 
 
 class _ReduceFinalLogic(StatefulBatchLogic[V, V, V]):
@@ -1595,7 +1352,7 @@ def reduce_final(step_id: str, up: KeyedStream[V], reducer: Callable[[V, V], V])
     def shim_builder(resume_state: Optional[tuple[V]]) -> _ReduceFinalLogic[V]:
         return _ReduceFinalLogic(reducer, resume_state)
 
-    return stateful_batch("stateful_batch", up, _never_notifies(shim_builder))
+    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False)
 
 
 @operator
@@ -1815,4 +1572,4 @@ def join(
         return _JoinLogic(insert_mode, emit_mode, state)
 
     merged = _join_label_merge("add_names", *sides)
-    return stateful("join", merged, _never_notifies(shim_builder))
+    return _declare(stateful("join", merged, shim_builder), notifies=False)

@@ -34,9 +34,11 @@ from flowspark.inputs import (
     DynamicSource,
     FixedPartitionedSource,
 )
-from flowspark.operators import _NOTIFY_CACHE, StatefulBatchLogic, _check_bool, _StatefulLogic, _wants_notify
+from flowspark.logic import StatefulBatchLogic
+from flowspark.operators import _check_bool
 from flowspark.outputs import DynamicSink, FixedPartitionedSink
 from flowspark.recovery import DELETED, RecoveryConfig, RecoveryStore
+from flowspark.runtime.driver import StepDriver
 
 __all__ = ["LogicalClock", "run_main"]
 
@@ -49,12 +51,7 @@ class _Abort(Exception):  # noqa: N818
 
 
 def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
-    if isinstance(ex, FlowsparkRuntimeError):
-        return ex
-    msg = f"error in step {step_id!r}: {type(ex).__name__}: {ex}"
-    err = FlowsparkRuntimeError(step_id, msg)
-    err.__cause__ = ex
-    return err
+    return FlowsparkRuntimeError.from_error(step_id, ex)
 
 
 class LogicalClock:
@@ -344,6 +341,14 @@ class _MergeRt(_Rt):
 
 
 class _StatefulRt(_Rt):
+    """A stateful step: the executor's time model over the per-key driver.
+
+    With the system or logical clock, runs of a key's values go to `on_batch` as
+    they arrive and notifications are kept in a heap (fired in time order after
+    each pass, then re-read for every key touched). With `clock="fixed"` the step
+    follows the Spark batch runtime's per-key timeline (`StepDriver.drive`).
+    """
+
     def __init__(
         self, node: ir.StatefulBatch, resume: dict[str, Any], track: bool, fixed_now: Optional[datetime] = None
     ) -> None:
@@ -351,7 +356,7 @@ class _StatefulRt(_Rt):
         self.step_id = node.step_id
         self.up = node.up
         self.down = node.down
-        self.builder = node.builder
+        self.driver = StepDriver(node.step_id, node.builder)
         self.logics: dict[str, StatefulBatchLogic[Any, Any, Any]] = {}
         self.sched: dict[str, datetime] = {}
         self.heap: list[tuple[datetime, str]] = []
@@ -359,227 +364,48 @@ class _StatefulRt(_Rt):
         self.touched_epoch: set[str] = set()
         self.eof_done = False
         for key in sorted(resume):
-            logic = self._build(key, resume[key])
-            self.logics[key] = logic
-            self._schedule(key, logic)
+            self.logics[key] = self.driver.build(key, resume[key])
+            self._schedule(key)
 
-    def _build(self, key: str, state: Any) -> StatefulBatchLogic[Any, Any, Any]:
-        try:
-            logic = self.builder(state)
-        except Exception as e:
-            raise _fail(self.step_id, e) from e
-        if not isinstance(logic, StatefulBatchLogic):
-            msg = (
-                f"step {self.step_id!r}: builder must return a StatefulBatchLogic (or, for "
-                f"`op.stateful`, a StatefulLogic); returned {logic!r} for key {key!r}"
-            )
-            raise FlowsparkTypeError(msg)
-        return logic
-
-    def _schedule(self, key: str, logic: StatefulBatchLogic[Any, Any, Any]) -> None:
-        if not _wants_notify(logic):
-            return
-        try:
-            at = logic.notify_at()
-        except Exception as e:
-            raise _fail(self.step_id, e) from e
+    def _schedule(self, key: str) -> None:
+        logic = self.logics.get(key)
+        at = None if logic is None else self.driver.notify_at(key, logic)
         if at is None:
             self.sched.pop(key, None)
-            return
-        if not isinstance(at, datetime) or at.tzinfo is None:
-            msg = (
-                f"step {self.step_id!r}: notify_at() must return an aware datetime "
-                f"(e.g. datetime.now(timezone.utc)) or None; returned {at!r} for key {key!r}"
-            )
-            raise FlowsparkTypeError(msg)
-        if self.sched.get(key) != at:
+        elif self.sched.get(key) != at:
             self.sched[key] = at
             heapq.heappush(self.heap, (at, key))
 
-    def _result(self, key: str, res: Any, where: str, out: list[Any]) -> bool:
-        if type(res) is not tuple or len(res) != 2:
-            msg = (
-                f"step {self.step_id!r}: {where} must return a 2-tuple (emits, discard) such as "
-                f"`([x], StatefulLogic.RETAIN)`; returned {res!r} for key {key!r}"
-            )
-            raise FlowsparkTypeError(msg)
+    def _emit(self, key: str, res: tuple[list[Any], bool], out: list[Any]) -> None:
         emits, discard = res
-        for w in emits:
-            out.append((key, w))
-        return bool(discard)
-
-    def _discard(self, key: str) -> None:
-        self.logics.pop(key, None)
-        self.sched.pop(key, None)
+        out.extend([(key, w) for w in emits])
+        if discard:
+            del self.logics[key]
 
     def step(self, ex: _Executor) -> None:
         items = ex.take(self.up)
         out: list[Any] = []
-        logics = self.logics
         touched: dict[str, None] = {}
         if self.fixed_now is not None:
             self._step_fixed(ex, items, out, touched)
-            if self.track:
-                self.touched_epoch.update(touched)
-            if out:
-                ex.emit(self.down, out)
-            self.eof = self.eof_done
-            return
-        try:
+        else:
+            driver = self.driver
             if items:
-                self._on_items(items, out, touched)
+                driver.feed_runs(self.logics, items, out, touched)
             if self.heap:
                 self._on_notify(ex.now(), out, touched)
             if not self.eof_done and ex.is_eof(self.up):
                 self.eof_done = True
-                for key in list(logics):
-                    logic = logics[key]
+                for key in list(self.logics):
                     touched[key] = None
-                    if self._result(key, logic.on_eof(), "on_eof()", out):
-                        self._discard(key)
-            notify_cache = _NOTIFY_CACHE
+                    self._emit(key, driver.eof(key, self.logics[key]), out)
             for key in touched:
-                logic = logics.get(key)
-                if logic is not None:
-                    # Skip the call for logic classes known not to override notify_at.
-                    cls = type(logic.logic) if type(logic) is _StatefulLogic else type(logic)
-                    if notify_cache.get(cls) is not False:
-                        self._schedule(key, logic)
-        except FlowsparkRuntimeError:
-            raise
-        except Exception as e:
-            raise _fail(self.step_id, e) from e
+                self._schedule(key)
         if self.track:
             self.touched_epoch.update(touched)
         if out:
             ex.emit(self.down, out)
         self.eof = self.eof_done
-
-    def _on_items(self, items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
-        logics = self.logics
-        append = out.append
-        n = len(items)
-        i = 0
-        while i < n:
-            kv = items[i]
-            if type(kv) is not tuple or len(kv) != 2 or type(kv[0]) is not str:
-                self._bad_item(kv)
-            key = kv[0]
-            j = i + 1
-            while j < n:
-                nxt = items[j]
-                if type(nxt) is tuple and len(nxt) == 2 and nxt[0] == key:
-                    j += 1
-                else:
-                    break
-            values = [kv[1]] if j == i + 1 else [items[m][1] for m in range(i, j)]
-            i = j
-            logic = logics.get(key)
-            if logic is None:
-                logic = self._build(key, None)
-                logics[key] = logic
-            touched[key] = None
-            res = logic.on_batch(values)
-            if type(res) is tuple and len(res) == 2 and type(res[0]) in (list, tuple):
-                emits, discard = res
-                if emits:
-                    # No list comprehension: it costs a function frame per key run.
-                    if len(emits) == 1:
-                        append((key, emits[0]))
-                    else:
-                        for w in emits:
-                            append((key, w))
-            else:
-                discard = self._result(key, res, "on_batch()/on_item()", out)
-            if discard:
-                self._discard(key)
-
-    # -- clock="fixed": the per-key timeline of the Spark batch runtime -------------
-    def _step_fixed(self, ex: _Executor, items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
-        # Time is fixed at `fixed_now` for the whole run. For each key: before each value,
-        # every due notification (notify_at() <= now, re-read after each fire; the time
-        # just fired does not fire again at the same point) fires; after the key's last value (at EOF) due
-        # notifications fire, then on_eof. Logics without notify_at get whole runs.
-        try:
-            n = len(items)
-            i = 0
-            while i < n:
-                kv = items[i]
-                if type(kv) is not tuple or len(kv) != 2 or type(kv[0]) is not str:
-                    self._bad_item(kv)
-                key = kv[0]
-                j = i + 1
-                while j < n and type(items[j]) is tuple and len(items[j]) == 2 and items[j][0] == key:
-                    j += 1
-                values = [items[m][1] for m in range(i, j)]
-                i = j
-                touched[key] = None
-                logic = self.logics.get(key)
-                if logic is None:
-                    logic = self.logics[key] = self._build(key, None)
-                if not _wants_notify(logic):
-                    if self._result(key, logic.on_batch(values), "on_batch()/on_item()", out):
-                        self._discard(key)
-                    continue
-                for v in values:
-                    self._fire_due(key, out)
-                    logic = self.logics.get(key)
-                    if logic is None:
-                        logic = self.logics[key] = self._build(key, None)
-                    if self._result(key, logic.on_batch([v]), "on_batch()/on_item()", out):
-                        self._discard(key)
-            if not self.eof_done and ex.is_eof(self.up):
-                self.eof_done = True
-                for key in list(self.logics):
-                    touched[key] = None
-                    self._fire_due(key, out)
-                    logic = self.logics.get(key)
-                    if logic is not None and self._result(key, logic.on_eof(), "on_eof()", out):
-                        self._discard(key)
-        except FlowsparkRuntimeError:
-            raise
-        except Exception as e:
-            raise _fail(self.step_id, e) from e
-
-    def _fire_due(self, key: str, out: list[Any]) -> None:
-        now = self.fixed_now
-        assert now is not None
-        last: Optional[datetime] = None
-        while True:
-            logic = self.logics.get(key)
-            if logic is None or not _wants_notify(logic):
-                return
-            at = logic.notify_at()
-            if at is None:
-                return
-            if not isinstance(at, datetime) or at.tzinfo is None:
-                msg = (
-                    f"step {self.step_id!r}: notify_at() must return an aware datetime "
-                    f"(e.g. datetime.now(timezone.utc)) or None; returned {at!r} for key {key!r}"
-                )
-                raise FlowsparkTypeError(msg)
-            if at > now or at == last:
-                return
-            last = at
-            if self._result(key, logic.on_notify(), "on_notify()", out):
-                self._discard(key)
-                return
-
-    def _bad_item(self, kv: Any) -> None:
-        """Raise for an item that is not `(str, value)`; subclasses (namedtuples, str enums) pass."""
-        if isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str):
-            return
-        if isinstance(kv, tuple) and len(kv) == 2:
-            msg = (
-                f"step {self.step_id!r}: keys must be str; received key {kv[0]!r} of type "
-                f"{type(kv[0]).__name__} in item {kv!r}; convert it in `op.key_on` (e.g. `str(...)`)"
-            )
-        else:
-            msg = (
-                f"step {self.step_id!r} requires `(key, value)` 2-tuple items; received {kv!r} "
-                f"of type {type(kv).__name__}; use `op.key_on` to make a keyed stream"
-            )
-        raise FlowsparkTypeError(msg)
 
     def _on_notify(self, now: datetime, out: list[Any], touched: dict[str, None]) -> None:
         heap = self.heap
@@ -594,8 +420,44 @@ class _StatefulRt(_Rt):
             if logic is None:
                 continue
             touched[key] = None
-            if self._result(key, logic.on_notify(), "on_notify()", out):
-                self._discard(key)
+            self._emit(key, self.driver.notify(key, logic), out)
+
+    # -- clock="fixed": the per-key timeline of the Spark batch runtime -------------
+    def _step_fixed(self, ex: _Executor, items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
+        # Time is fixed at `fixed_now` for the whole run; each run of a key's values goes
+        # through the driver's fixed-time timeline (tags unused), and at EOF every key's
+        # due notifications fire, then on_eof.
+        now = self.fixed_now
+        assert now is not None
+        driver = self.driver
+        logics = self.logics
+        n = len(items)
+        i = 0
+        while i < n:
+            kv = items[i]
+            if type(kv) is not tuple or len(kv) != 2 or type(kv[0]) is not str:
+                driver.check_item(kv)
+            key = kv[0]
+            j = i + 1
+            while j < n and type(items[j]) is tuple and len(items[j]) == 2 and items[j][0] == key:
+                j += 1
+            run = [(_NO_TAG, items[m][1]) for m in range(i, j)]
+            i = j
+            touched[key] = None
+            self._drive_fixed(key, run, now, False, out)
+        if not self.eof_done and ex.is_eof(self.up):
+            self.eof_done = True
+            for key in list(logics):
+                touched[key] = None
+                self._drive_fixed(key, [], now, True, out)
+
+    def _drive_fixed(self, key: str, run: list[tuple[bytes, Any]], now: datetime, eof: bool, out: list[Any]) -> None:
+        emits, logic = self.driver.drive(key, run, self.logics.get(key), now, eof)
+        out.extend([(key, w) for _tag, w in emits])
+        if logic is None:
+            self.logics.pop(key, None)
+        else:
+            self.logics[key] = logic
 
     def next_wake(self) -> Optional[datetime]:
         while self.heap and self.sched.get(self.heap[0][1]) != self.heap[0][0]:
@@ -606,13 +468,7 @@ class _StatefulRt(_Rt):
         keys = self.touched_epoch
         for key in sorted(keys):
             logic = self.logics.get(key)
-            if logic is None:
-                out.append((self.step_id, key, DELETED))
-            else:
-                try:
-                    out.append((self.step_id, key, logic.snapshot()))
-                except Exception as e:
-                    raise _fail(self.step_id, e) from e
+            out.append((self.step_id, key, DELETED if logic is None else self.driver.snapshot(key, logic)))
         self.touched_epoch = set()
 
 
@@ -779,6 +635,7 @@ class _Executor:
 
 
 _NONE: list[Any] = []
+_NO_TAG = b""
 
 
 def _passthrough(items: list[Any]) -> list[Any]:

@@ -1,15 +1,23 @@
 """Run flowspark dataflows on Apache Spark.
 
-`run(flow)` compiles the dataflow (`compile_flow`, pure, printable) and runs it
-on a SparkSession. With bounded sources the job is a Spark batch job and `run`
+`run(flow)` compiles the dataflow's graph (`compile_flow`, pure, printable) and
+runs it on a SparkSession. With bounded sources the job is a Spark batch job and `run`
 returns when it is done; when a source is unbounded the flow runs as a
 Structured Streaming query with its state and offsets in `checkpoint`
 (`flowspark.spark.streaming`). This package is the only place that imports pyspark.
+
+Modules by concern: `plan` (the plan's types), `compiler` (graph -> plan),
+`codec` (items, sequences, the task-error marker), `worker` (what runs inside
+Python workers), `batch` and `streaming` (the two lowerings of a plan), `api`
+(`run`), `pysource` (the Python data source), `inputs`/`outputs`/`kafka` (Spark
+sources and sinks), `session` (sessions, shipping user modules), `tools`
+(physical plans, progress, checkpoint state for the CLI).
 """
 
-from flowspark.spark.compiler import Plan, compile_flow
+from flowspark.spark.api import run
+from flowspark.spark.compiler import compile_flow
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink
-from flowspark.spark.streaming import run
+from flowspark.spark.plan import Plan
 
 __all__ = ["Plan", "SparkSink", "SparkSource", "compile_flow", "run"]

@@ -1,4 +1,12 @@
-"""Run a compiled plan as Spark batch jobs (every source bounded)."""
+"""The batch lowering: run a compiled plan as Spark batch jobs (every source bounded).
+
+Each stage is one `mapInArrow` (`flowspark.spark.worker.stage_function`): a
+source stage reads its source (items shipped from the driver in chunks, one
+Spark partition per source partition, or a Spark DataFrame); a keyed stage
+first `repartition`s its input by key and `sortWithinPartitions(k, seq)`, so the
+per-key driver sees each key's values in order with a fixed logical `now`.
+`describe_stage` says so for each stage (`print(plan)`, `flowspark plan --spark`).
+"""
 
 from __future__ import annotations
 
@@ -8,37 +16,73 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
 from flowspark.errors import FlowsparkCompileError, FlowsparkError, FlowsparkRuntimeError, FlowsparkTypeError
-from flowspark.spark.compiler import Plan, SinkPlan, StagePlan, compile_flow
-from flowspark.spark.runtime import (
-    HEAD_LEN,
-    StepFailure,
-    decode_task_error,
-    dict_rows,
-    dumps,
-    encode_task_error,
-    loads,
-    loads_all,
-    no_gc,
-    not_dict_error,
-    source_seq,
-    stage_function,
-)
-from flowspark.testing import TestingSource
+from flowspark.spark.codec import HEAD_LEN, decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
+from flowspark.spark.plan import Plan, SinkPlan, StagePlan
+from flowspark.spark.worker import dict_rows, no_gc, not_dict_error, stage_function
 
-__all__ = ["run", "seq_column"]
+__all__ = ["check_bounded", "describe_keyed_state", "describe_stage", "run_plan", "seq_column"]
 
 _ROW_SCHEMA = "p int, k string, seq binary, v binary"
 _IN_SCHEMA = "k string, seq binary, v binary"
 
 
 def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
-    if isinstance(ex, FlowsparkRuntimeError):
-        return ex
-    err = FlowsparkRuntimeError(step_id, f"error in step {step_id!r}: {type(ex).__name__}: {ex}")
-    err.exc_type = type(ex).__name__  # type: ignore[attr-defined]
-    err.exc_message = str(ex)  # type: ignore[attr-defined]
-    err.__cause__ = ex
-    return err
+    return FlowsparkRuntimeError.from_error(step_id, ex)
+
+
+def describe_stage(st: StagePlan) -> str:
+    """What a stage of the plan lowers to in a batch job.
+
+    Args:
+        st: The stage.
+
+    Returns:
+        A one-line description.
+    """
+    if st.kind == "source":
+        head = {
+            "chunks": "createDataFrame(chunks of items pickled at the driver)",
+            "parts": "parallelize(one row per source partition)",
+            "native": "the SparkSource DataFrame",
+        }[st.spec.source]
+        return f"{head} -> mapInArrow"
+    if st.kind == "keyed":
+        return f"({st.union()}) -> repartition(k) -> sortWithinPartitions(k, seq) -> mapInArrow"
+    return f"({st.union()}) -> mapInArrow"
+
+
+def describe_keyed_state(st: StagePlan) -> str:
+    """How a keyed stage of a batch job keeps its state.
+
+    Args:
+        st: A keyed stage.
+
+    Returns:
+        The text.
+    """
+    return (
+        "not stored: each key's logics live in its task while the key's sorted values are driven, "
+        "then on_eof; a failed task reruns from its input"
+    )
+
+
+def check_bounded(plan: Plan) -> None:
+    """Refuse a plan with an unbounded source (a batch job must end).
+
+    Args:
+        plan: The plan.
+
+    Raises:
+        FlowsparkCompileError: Naming the first unbounded source's step.
+    """
+    for st in plan.stages:
+        if st.kind == "source" and not st.bounded:
+            msg = (
+                f"step {st.spec.source_step!r}: source {type(st.source).__name__} is not bounded; the Spark batch "
+                "runtime needs every source to end (is_bounded() -> True); run the flow with a checkpoint to "
+                "run it as a streaming query"
+            )
+            raise FlowsparkCompileError(msg)
 
 
 def _action(fn: Callable[[], Any]) -> Any:
@@ -53,29 +97,6 @@ def _action(fn: Callable[[], Any]) -> Any:
             raise
         cause = err.__cause__
     raise err from cause
-
-
-def _testing_items(step_id: str, src: TestingSource) -> list[Any]:
-    raw = src.items
-    markers = {TestingSource.EOF, TestingSource.PAUSE, TestingSource.ABORT}
-    if isinstance(raw, list):
-        # Fast path: no marker (subclasses of the markers are not expected).
-        if not any(type(x) in markers for x in raw):
-            return raw
-    items: list[Any] = []
-    for x in raw:
-        if isinstance(x, TestingSource.EOF):
-            break
-        if isinstance(x, TestingSource.PAUSE):
-            continue
-        if isinstance(x, TestingSource.ABORT):
-            msg = (
-                f"step {step_id!r}: TestingSource.ABORT cannot run on the Spark batch runtime "
-                "(a batch job has no epochs to abort between); remove the marker or use run_main"
-            )
-            raise FlowsparkCompileError(msg)
-        items.append(x)
-    return items
 
 
 class _Job:
@@ -161,7 +182,7 @@ class _Job:
             except Exception as e:
                 raise _fail(sid, e) from e
         if spec.source == "chunks":
-            items = _testing_items(sid, src)
+            items = src.driver_items(sid)
             size = max(1, min(self.chunk_size, math.ceil(len(items) / (2 * self.parallelism)) or 1))
             rows = []
             for start in range(0, len(items), size):
@@ -327,10 +348,8 @@ def _guard(step_id: str, body: Callable[[Iterator[Any]], Iterator[Any]]) -> Call
         try:
             with no_gc():
                 yield from body(batches)
-        except StepFailure as f:
-            raise RuntimeError(encode_task_error(f)) from None
         except Exception as e:  # noqa: BLE001
-            raise RuntimeError(encode_task_error(StepFailure(step_id, e))) from None
+            raise RuntimeError(encode_task_error(_fail(step_id, e))) from None
 
     return fn
 
@@ -421,8 +440,8 @@ def _to_rows(step_id: str, arrow_schema: Any) -> Callable[[Iterator[Any]], Itera
     return _guard(step_id, body)
 
 
-def run(
-    flow: Any,
+def run_plan(
+    plan: Plan,
     *,
     spark: Any = None,
     start_time: Optional[datetime] = None,
@@ -430,7 +449,7 @@ def run(
     chunk_size: int = 20_000,
     explain: bool = False,
 ) -> None:
-    """Compile a dataflow and run it on Spark as batch jobs; return when it is done.
+    """Run a compiled plan on Spark as batch jobs; return when it is done.
 
     Every source must be bounded. Items for `TestingSink` and `StdOutSink` and
     everything `inspect` sees are collected to the driver and handed over there in
@@ -438,7 +457,7 @@ def run(
     per key exactly).
 
     Args:
-        flow: The `Dataflow`.
+        plan: The plan (`compile_flow`).
         spark: The SparkSession to use; default the active one, or a new local one
             (`flowspark.spark.session.get_session`).
         start_time: The logical "now" of the run (aware datetime): `utc_now()` returns it
@@ -462,14 +481,15 @@ def run(
         >>> out = []
         >>> nums = op.input("inp", flow, TestingSource([1, 2]))
         >>> op.output("out", op.map("inc", nums, lambda x: x + 1), TestingSink(out))
-        >>> run(flow)  # doctest: +SKIP
+        >>> from flowspark.spark.compiler import compile_flow
+        >>> run_plan(compile_flow(flow.validate()))  # doctest: +SKIP
         >>> out  # doctest: +SKIP
         [2, 3]
     """
     from flowspark.spark.session import ship_user_modules
 
     ship_user_modules()
-    plan = compile_flow(flow)
+    check_bounded(plan)
     if start_time is None:
         start_time = datetime.now(timezone.utc)
     if not isinstance(start_time, datetime) or start_time.tzinfo is None:

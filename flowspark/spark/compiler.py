@@ -1,23 +1,17 @@
-"""Compile a dataflow's core steps into a Spark plan (pure: no SparkSession needed).
+"""Compile a dataflow's core-step graph into a Spark plan (pure: no SparkSession needed).
 
-A plan is a list of *stages*; each stage is one Python pass over Spark rows
-`(p int, k string, seq binary, v binary)` (port, key, sequence, pickled item):
-
-- a **source stage** turns source tasks into items: chunks of `TestingSource`
-  items sent from the driver, source partitions (one Spark partition each), or
-  the rows of a Spark DataFrame (`flowspark.spark.inputs.SparkSource`);
-- a **map stage** reads the union of some ports of earlier stages (a `merge` of
-  streams living in different stages);
-- a **keyed stage** repartitions its input by key, sorts within partitions by
-  (key, sequence) and drives a chain of consecutive stateful steps key by key.
-
-Every run of stateless steps (`flat_map_batch`, `branch`, `inspect_debug`,
-`redistribute`, and `merge` of streams of the same stage) fuses into the stage
-that produces its input, so each stage lowers to one `mapInArrow`. A stream
+The plan's shape is described in `flowspark.spark.plan`. Every run of stateless
+steps (`flat_map_batch`, `branch`, `inspect_debug`, `redistribute`, and `merge`
+of streams of the same stage) fuses into the stage that produces its input, so
+each stage is one Python pass. A stream
 leaving its stage (to another stage, a sink or the driver) is a *port*.
 
-`compile_flow(flow)` returns a `Plan`; `print(plan)` shows the stages, the core
-steps fused into each and what each lowers to.
+`compile_flow(graph)` returns a `Plan` (the same for the batch and the streaming
+lowering); `print(plan)` shows the stages, the core steps fused into each and
+what each lowers to in a batch job. Sequence lengths follow one rule (see
+`flowspark.spark.codec`): a source stamps 16 bytes; a `flat_map_batch` adds 4
+unless the IR marks it `one_to_one`; a stateful step adds 4; a merge pads to its
+longest upstream and adds 4.
 """
 
 from __future__ import annotations
@@ -29,111 +23,17 @@ import cloudpickle
 
 from flowspark import ir
 from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
-from flowspark.inputs import DynamicSource, FixedPartitionedSource
-from flowspark.outputs import DynamicSink, FixedPartitionedSink, StdOutSink
+from flowspark.inputs import DriverItems, DynamicSource, FixedPartitionedSource
+from flowspark.outputs import DriverSink, DynamicSink, FixedPartitionedSink
+from flowspark.runtime.driver import idx
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink
-from flowspark.spark.runtime import KeyedStep, Op, Port, StageSpec, idx, is_one_to_one
-from flowspark.testing import TestingSink, TestingSource
+from flowspark.spark.plan import InspectPlan, KeyedStep, Op, Plan, Port, SinkPlan, StagePlan, StageSpec
 
-__all__ = ["InspectPlan", "Plan", "SinkPlan", "StagePlan", "compile_flow"]
+__all__ = ["as_graph", "compile_flow"]
 
 _SOURCE_SEQ_LEN = 16
 _COMPONENT_LEN = 4
-
-
-@dataclass(frozen=True)
-class StagePlan:
-    """One stage of a plan.
-
-    Attributes:
-        spec: What the Python pass does (shipped to the workers).
-        kind: `source`, `map` or `keyed`.
-        inputs: For `map` and `keyed` stages, the ports read: `(stage id, port, pad)`;
-            for a merge, `pad` is the upstream's index (inserted after the source
-            header of each sequence) then zero padding (appended); else empty.
-        steps: Ids of the core steps fused into the stage, in order.
-        source: For source stages, the source object.
-    """
-
-    spec: StageSpec
-    kind: str
-    inputs: tuple[tuple[int, int, bytes], ...]
-    steps: tuple[str, ...]
-    source: Any = None
-
-    def lowering(self) -> str:
-        """Describe the Spark operations this stage lowers to.
-
-        Returns:
-            A one-line description.
-        """
-        src = self.spec.source
-        if self.kind == "source":
-            head = {
-                "chunks": "createDataFrame(chunks of items pickled at the driver)",
-                "parts": "parallelize(one row per source partition)",
-                "native": "the SparkSource DataFrame",
-            }[src]
-            return f"{head} -> mapInArrow"
-        union = " + ".join(f"stage{s}.port{p}" for s, p, _ in self.inputs)
-        if self.kind == "keyed":
-            return f"({union}) -> repartition(k) -> sortWithinPartitions(k, seq) -> mapInArrow"
-        return f"({union}) -> mapInArrow"
-
-
-@dataclass(frozen=True)
-class SinkPlan:
-    """An output step: where its items are written.
-
-    `where` is `driver` (collected and written at the driver in sequence order:
-    `TestingSink`, `StdOutSink`), `dynamic` (one sink partition per Spark
-    partition), `fixed` (items routed by `part_fn` to the sink's partitions) or
-    `native` (a Spark writer, `flowspark.spark.outputs`).
-    """
-
-    step_id: str
-    sink: Any
-    where: str
-    port: tuple[int, int]
-
-
-@dataclass(frozen=True)
-class InspectPlan:
-    """An inspect step: its items are collected and shown at the driver in sequence order."""
-
-    step_id: str
-    inspector: Any
-    port: tuple[int, int]
-    order: int
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A compiled dataflow, ready for `flowspark.spark.run`."""
-
-    flow_id: str
-    stages: tuple[StagePlan, ...]
-    sinks: tuple[SinkPlan, ...]
-    inspects: tuple[InspectPlan, ...]
-
-    def __str__(self) -> str:
-        """Render the plan for people."""
-        lines = [f"plan for dataflow {self.flow_id!r}: {len(self.stages)} stage(s)"]
-        for st in self.stages:
-            spec = st.spec
-            lines.append(f"stage {spec.stage_id} [{st.kind}]: {st.lowering()}")
-            for sid in st.steps:
-                lines.append(f"    {sid}")
-            for p, port in enumerate(spec.ports):
-                extra = f" (keyed for {port.key_for})" if port.key_for else ""
-                lines.append(f"    port{p} <- {port.stream}{extra}")
-        for sk in self.sinks:
-            src = f"stage{sk.port[0]}.port{sk.port[1]}"
-            lines.append(f"sink {sk.step_id}: {type(sk.sink).__name__} ({sk.where}) <- {src}")
-        for ins in self.inspects:
-            lines.append(f"inspect {ins.step_id}: shown at the driver <- stage{ins.port[0]}.port{ins.port[1]}")
-        return "\n".join(lines)
 
 
 @dataclass
@@ -151,6 +51,8 @@ class _Builder:
     source_obj: Any = None
     source_step: str = ""
     source_index: int = 0
+    bounded: bool = True
+    depth_in: int = 0
 
 
 def _check_pickle(step_id: str, what: str, obj: Any) -> None:
@@ -166,17 +68,11 @@ def _check_pickle(step_id: str, what: str, obj: Any) -> None:
 
 
 def _source_kind(node: ir.Input) -> str:
+    """How a batch job reads the source: `native` (a Spark DataFrame), `chunks` (items at the driver) or `parts`."""
     src = node.source
     if isinstance(src, SparkSource):
         return "native"
-    bounded = src.is_bounded() if hasattr(src, "is_bounded") else False
-    if not bounded:
-        msg = (
-            f"step {node.step_id!r}: source {type(src).__name__} is not bounded; the Spark batch "
-            "runtime needs every source to end (is_bounded() -> True)"
-        )
-        raise FlowsparkCompileError(msg)
-    if isinstance(src, TestingSource):
+    if isinstance(src, DriverItems) and src.is_bounded():
         return "chunks"
     if isinstance(src, (FixedPartitionedSource, DynamicSource)):
         _check_pickle(node.step_id, f"source {type(src).__name__}", src)
@@ -188,9 +84,14 @@ def _source_kind(node: ir.Input) -> str:
     raise FlowsparkCompileError(msg)
 
 
+def _bounded(node: ir.Input) -> bool:
+    src = node.source
+    return bool(src.is_bounded()) if hasattr(src, "is_bounded") else False
+
+
 def _sink_where(node: ir.Output) -> str:
     sink = node.sink
-    if isinstance(sink, (TestingSink, StdOutSink)):
+    if isinstance(sink, DriverSink):
         return "driver"
     if isinstance(sink, SparkSink):
         return "native"
@@ -207,20 +108,21 @@ def _sink_where(node: ir.Output) -> str:
     raise FlowsparkCompileError(msg)
 
 
-def compile_flow(flow: Any) -> Plan:
-    """Compile a dataflow into a Spark plan.
+def compile_flow(graph: Any) -> Plan:
+    """Compile a dataflow's graph into a Spark plan.
 
     Args:
-        flow: A `flowspark.dataflow.Dataflow`.
+        graph: An `ir.Graph` (what `Dataflow.validate()` returns); a `Dataflow` is
+            validated first.
 
     Returns:
         The plan.
 
     Raises:
-        FlowsparkTypeError: `flow` is not a Dataflow.
+        FlowsparkTypeError: `graph` is neither a graph nor a Dataflow.
         FlowsparkBuildError: The flow is malformed (no input, no output...).
         FlowsparkCompileError: A step cannot run on Spark (unpicklable callable,
-            unbounded or unknown source, unknown sink or core step).
+            unknown source, sink or core step).
 
     Example:
         >>> import flowspark.operators as op
@@ -229,7 +131,7 @@ def compile_flow(flow: Any) -> Plan:
         >>> flow = Dataflow("eg")
         >>> s = op.map("double", op.input("inp", flow, TestingSource([1, 2])), lambda x: 2 * x)
         >>> op.output("out", s, TestingSink([]))
-        >>> print(compile_flow(flow))  # doctest: +ELLIPSIS
+        >>> print(compile_flow(flow.validate()))  # doctest: +ELLIPSIS
         plan for dataflow 'eg': 1 stage(s)
         stage 0 [source]: createDataFrame(chunks of items pickled at the driver) -> mapInArrow
             eg.inp
@@ -237,12 +139,7 @@ def compile_flow(flow: Any) -> Plan:
             port0 <- eg.double.flat_map_batch.down
         sink eg.out: TestingSink (driver) <- stage0.port0
     """
-    from flowspark.dataflow import Dataflow
-
-    if not isinstance(flow, Dataflow):
-        msg = f"flowspark.spark needs a Dataflow; received {flow!r} of type {type(flow).__name__}"
-        raise FlowsparkTypeError(msg)
-    graph = flow.validate()
+    graph = as_graph(graph)
     consumers = graph.consumers()
     producers = graph.producers()
     stages: list[_Builder] = []
@@ -281,6 +178,7 @@ def compile_flow(flow: Any) -> Plan:
                 b.source_obj = node.source
                 b.source_step = node.step_id
                 b.source_index = n_inputs
+                b.bounded = _bounded(node)
                 n_inputs += 1
                 b.steps.append(node.step_id)
                 loc[node.down] = b
@@ -288,7 +186,7 @@ def compile_flow(flow: Any) -> Plan:
             case ir.FlatMapBatch():
                 _check_pickle(node.step_id, "mapper", node.mapper)
                 b = loc[node.up]
-                one = is_one_to_one(node.mapper)
+                one = node.one_to_one
                 b.ops.append(Op("map", node.step_id, (node.up,), (node.down,), node.mapper, one_to_one=one))
                 b.steps.append(node.step_id)
                 loc[node.down] = b
@@ -352,7 +250,8 @@ def compile_flow(flow: Any) -> Plan:
                     port(up, key_for=node.step_id)
                     b = new_stage("keyed", "rows", node.down)
                     b.inputs.append((up, b""))
-                b.chain.append(KeyedStep(node.step_id, node.builder, level[node.down]))
+                    b.depth_in = depth[up]
+                b.chain.append(KeyedStep(node.step_id, node.builder, level[node.down], node.notifies))
                 b.entry = node.down
                 b.steps.append(node.step_id)
                 loc[node.down] = b
@@ -385,12 +284,35 @@ def compile_flow(flow: Any) -> Plan:
             source_step=b.source_step,
             source_index=b.source_index,
             input_value_only=b.kind == "keyed" and value_only(b.inputs[0][0]),
+            depth_in=b.depth_in,
         )
         inputs = tuple((*ref(u), pad) for u, pad in b.inputs)
-        plans.append(StagePlan(spec, b.kind, inputs, tuple(b.steps), b.source_obj))
+        plans.append(StagePlan(spec, b.kind, inputs, tuple(b.steps), b.source_obj, b.bounded))
     return Plan(
         flow_id=graph.flow_id,
         stages=tuple(plans),
         sinks=tuple(SinkPlan(sid, sink, where, ref(up)) for sid, sink, where, up in sinks),
         inspects=tuple(InspectPlan(sid, fn, ref(side), i) for i, (sid, fn, side) in enumerate(inspects)),
     )
+
+
+def as_graph(flow: Any) -> ir.Graph:
+    """The validated graph of a `Dataflow`, or `flow` itself when it is a graph.
+
+    Args:
+        flow: A `Dataflow` or an `ir.Graph`.
+
+    Returns:
+        The graph.
+
+    Raises:
+        FlowsparkTypeError: `flow` is neither.
+    """
+    if isinstance(flow, ir.Graph):
+        return flow
+    from flowspark.dataflow import Dataflow
+
+    if not isinstance(flow, Dataflow):
+        msg = f"flowspark.spark needs a Dataflow; received {flow!r} of type {type(flow).__name__}"
+        raise FlowsparkTypeError(msg)
+    return flow.validate()

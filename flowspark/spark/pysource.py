@@ -42,7 +42,9 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from flowspark.errors import FlowsparkRuntimeError
 from flowspark.inputs import AbortExecution, FixedPartitionedSource
-from flowspark.spark.runtime import StageSpec, dumps, source_seq, stage_function
+from flowspark.spark.codec import dumps, source_seq
+from flowspark.spark.plan import StageSpec
+from flowspark.spark.worker import stage_function
 
 __all__ = ["FORMAT", "TICK_FORMAT", "FlowsparkDataSource", "TickDataSource", "register", "stream_options"]
 

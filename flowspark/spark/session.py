@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlparse
 
-__all__ = ["DEFAULT_CONF", "get_session", "ship_user_modules"]
+from flowspark.errors import FlowsparkError
+
+__all__ = [
+    "DEFAULT_CONF",
+    "MasterUnreachableError",
+    "check_master",
+    "get_session",
+    "open_session",
+    "quiet_logs",
+    "ship_user_modules",
+]
 
 #: Settings of the session `get_session` creates.
 DEFAULT_CONF: dict[str, str] = {
@@ -106,3 +120,109 @@ def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+class MasterUnreachableError(FlowsparkError, ConnectionError):
+    """A `spark://` master did not accept a connection."""
+
+
+def check_master(master: str, timeout: float = 3.0) -> None:
+    """Check that a host of a `spark://h1:p1[,h2:p2]` master URL accepts TCP connections.
+
+    Other masters (`local[...]`, `yarn`, `k8s://...`) are not checked.
+
+    Args:
+        master: The master URL.
+        timeout: Seconds to wait for each connection.
+
+    Raises:
+        MasterUnreachableError: No listed host accepted a connection.
+
+    Example:
+        >>> check_master("local[2]")
+    """
+    if not master.startswith("spark://"):
+        return
+    errors = []
+    for hp in master[len("spark://") :].split(","):
+        try:
+            parsed = urlparse(f"spark://{hp}")
+            host, port = parsed.hostname, parsed.port
+        except ValueError:
+            host, port = None, None
+        if not host or port is None:
+            msg = f"master URL {master!r} has no valid HOST:PORT in {hp!r}; write it as spark://HOST:PORT (often 7077)"
+            raise MasterUnreachableError(msg)
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return
+        except OSError as e:
+            errors.append(f"{host}:{port}: {e.strerror or e}")
+    msg = (
+        f"cannot reach the Spark master {master} ({'; '.join(errors)}); start it "
+        "(`spark-class org.apache.spark.deploy.master.Master`) or fix --master"
+    )
+    raise MasterUnreachableError(msg)
+
+
+def open_session(
+    master: str, conf: Optional[dict[str, str]] = None, app_name: str = "flowspark", quiet: bool = True
+) -> Any:
+    """Return a SparkSession on `master` (checked first when it is `spark://`).
+
+    Args:
+        master: The master URL.
+        conf: Extra settings (over `flowspark.spark.session.DEFAULT_CONF`).
+        app_name: The application name.
+        quiet: Silence Spark's own console log (`quiet_logs`), so errors are
+            reported by flowspark on one line.
+
+    Returns:
+        The session.
+
+    Raises:
+        MasterUnreachableError: A `spark://` master cannot be reached.
+    """
+    check_master(master)
+    if quiet:
+        quiet_logs()
+    settings = {"spark.app.name": app_name, **(conf or {})}
+    spark = get_session(master, settings)
+    if quiet:
+        spark.sparkContext.setLogLevel("OFF")
+    return spark
+
+
+_LOG4J2 = """# Written by flowspark: keep Spark's console quiet (the flowspark CLI reports errors itself).
+rootLogger.level = {level}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+"""
+
+
+def quiet_logs(level: str = "off") -> Optional[Path]:
+    """Point `SPARK_CONF_DIR` at a directory whose `log4j2.properties` sets Spark's log level.
+
+    Does nothing when `SPARK_CONF_DIR` is already set (the user's configuration wins)
+    or a JVM is already running in this process.
+
+    Args:
+        level: log4j level (`off`, `error`, `warn`, `info`).
+
+    Returns:
+        The directory, or None when nothing was changed.
+    """
+    if os.environ.get("SPARK_CONF_DIR"):
+        return None
+    d = Path(tempfile.gettempdir()) / f"flowspark-spark-conf-{level}-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "log4j2.properties").write_text(_LOG4J2.format(level=level))
+    os.environ["SPARK_CONF_DIR"] = str(d)
+    return d
+
+
+_ROW_SCHEMA = "p int, k string, seq binary, v binary"

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 import tempfile
@@ -22,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
-from flowspark.submit import MasterUnreachableError, check_master
+from flowspark.spark.session import MasterUnreachableError, check_master, open_session, quiet_logs
 
 __all__ = [
     "MasterUnreachableError",
@@ -34,68 +33,6 @@ __all__ = [
     "read_state",
     "spark_error_line",
 ]
-
-
-def open_session(
-    master: str, conf: Optional[dict[str, str]] = None, app_name: str = "flowspark", quiet: bool = True
-) -> Any:
-    """Return a SparkSession on `master` (checked first when it is `spark://`).
-
-    Args:
-        master: The master URL.
-        conf: Extra settings (over `flowspark.spark.session.DEFAULT_CONF`).
-        app_name: The application name.
-        quiet: Silence Spark's own console log (`quiet_logs`), so errors are
-            reported by flowspark on one line.
-
-    Returns:
-        The session.
-
-    Raises:
-        MasterUnreachableError: A `spark://` master cannot be reached.
-    """
-    from flowspark.spark.session import get_session
-
-    check_master(master)
-    if quiet:
-        quiet_logs()
-    settings = {"spark.app.name": app_name, **(conf or {})}
-    spark = get_session(master, settings)
-    if quiet:
-        spark.sparkContext.setLogLevel("OFF")
-    return spark
-
-
-_LOG4J2 = """# Written by flowspark: keep Spark's console quiet (the flowspark CLI reports errors itself).
-rootLogger.level = {level}
-rootLogger.appenderRef.stderr.ref = console
-appender.console.type = Console
-appender.console.name = console
-appender.console.target = SYSTEM_ERR
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
-"""
-
-
-def quiet_logs(level: str = "off") -> Optional[Path]:
-    """Point `SPARK_CONF_DIR` at a directory whose `log4j2.properties` sets Spark's log level.
-
-    Does nothing when `SPARK_CONF_DIR` is already set (the user's configuration wins)
-    or a JVM is already running in this process.
-
-    Args:
-        level: log4j level (`off`, `error`, `warn`, `info`).
-
-    Returns:
-        The directory, or None when nothing was changed.
-    """
-    if os.environ.get("SPARK_CONF_DIR"):
-        return None
-    d = Path(tempfile.gettempdir()) / f"flowspark-spark-conf-{level}-{os.getuid() if hasattr(os, 'getuid') else 0}"
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "log4j2.properties").write_text(_LOG4J2.format(level=level))
-    os.environ["SPARK_CONF_DIR"] = str(d)
-    return d
 
 
 _ROW_SCHEMA = "p int, k string, seq binary, v binary"
@@ -115,7 +52,7 @@ def physical_plans(plan: Any, spark: Any, mode: str = "formatted") -> list[tuple
         `(stage id, plan text)` for every stage.
     """
     from flowspark.spark.batch import _Job
-    from flowspark.spark.runtime import stage_function
+    from flowspark.spark.worker import stage_function
 
     now = datetime.now(timezone.utc)
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
@@ -422,12 +359,17 @@ def streaming_physical_plans(flow: Any, spark: Any, buckets: int, mode: str = "f
     Returns:
         `(stage id, plan text)` for every stage.
     """
-    from flowspark.spark.streaming import StreamingRun, _streaming_flow, compile_streaming
+    from flowspark.spark.streaming import StreamingRun, compile_streaming, needs_timers
 
-    plan, depths = compile_streaming(flow)
-    options = {"checkpoint": tempfile.gettempdir(), "buckets": buckets, "clock": None, "max_items": 100_000}
-    sr = StreamingRun(plan, depths, spark, options)
-    sr._nodes = list(_streaming_flow(flow).graph().nodes)  # type: ignore[attr-defined]
+    plan = compile_streaming(flow)
+    options = {
+        "checkpoint": tempfile.gettempdir(),
+        "buckets": buckets,
+        "clock": None,
+        "max_items": 100_000,
+        "timers": needs_timers(plan),
+    }
+    sr = StreamingRun(plan, spark, options)
     sr.build()
     jvm = spark.sparkContext._jvm
     return [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import itertools
 from datetime import datetime, timedelta, timezone
 from typing import NamedTuple
 
@@ -13,24 +14,34 @@ import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError
 from flowspark.operators import StatefulLogic
+from flowspark.runtime.driver import drive_chain
 from flowspark.spark import run
-from flowspark.spark.runtime import (
-    KeyedStep,
-    Port,
-    StageSpec,
-    StepFailure,
+from flowspark.spark.codec import (
     decode_task_error,
-    drive_key,
-    drive_sorted_rows,
     dumps,
     encode_task_error,
     loads,
     loads_all,
-    run_stage_rows,
     source_items,
     source_seq,
 )
+from flowspark.spark.plan import KeyedStep, Port, StageSpec
+from flowspark.spark.worker import run_stage_rows
 from flowspark.testing import TestingSink, TestingSource
+
+StepFailure = FlowsparkRuntimeError  # what a worker raises for a failed step
+
+
+def drive_key(key, items, steps, logics=None, *, now, eof=True):
+    """The per-key driver over a chain of plan steps."""
+    return drive_chain(tuple(s.driver() for s in steps), key, items, logics, now=now, eof=eof)
+
+
+def drive_sorted_rows(rows, steps, *, now):
+    """One `drive_key` call per key of rows sorted by (key, sequence)."""
+    for key, grp in itertools.groupby(rows, key=lambda r: r[0]):
+        yield key, drive_key(key, [(s, v) for _k, s, v in grp], steps, now=now)[0]
+
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 
@@ -144,7 +155,7 @@ def test_chain_of_steps_and_sorted_rows():
     with pytest.raises(StepFailure) as ei:
         drive_key("a", list(zip(seqs(2), [1, 2], strict=True)), (step1, step2), now=T0)
     assert ei.value.step_id == "f.b"
-    assert isinstance(ei.value.error, TypeError)
+    assert isinstance(ei.value.__cause__, TypeError)
 
 
 def test_end_of_key_emits_sort_after_the_key_values_and_by_key_creation():
@@ -158,7 +169,7 @@ def test_end_of_key_emits_sort_after_the_key_values_and_by_key_creation():
 
 
 def test_error_marker_round_trip():
-    fail = StepFailure("f.step", ZeroDivisionError("division by zero"))
+    fail = FlowsparkRuntimeError.from_error("f.step", ZeroDivisionError("division by zero"))
     text = "py4j.protocol.Py4JJavaError: ... " + encode_task_error(fail) + " ... at org.apache.spark"
     err = decode_task_error(text)
     assert isinstance(err, FlowsparkRuntimeError)
@@ -172,7 +183,7 @@ def test_unpicklable_exception_still_carries_type_and_message():
     class Local(Exception):  # a local class cannot be unpickled at the driver
         pass
 
-    err = decode_task_error(encode_task_error(StepFailure("f.s", Local("boom"))))
+    err = decode_task_error(encode_task_error(FlowsparkRuntimeError.from_error("f.s", Local("boom"))))
     assert err is not None
     assert err.exc_type == "Local"
     assert err.exc_message == "boom"

@@ -199,7 +199,7 @@ def test_malformed_rows_go_to_a_dead_letter_output(spark, tmp_path):
 
 def test_checkpoint_of_another_flow_or_bucket_count_is_refused(tmp_path):
     from flowspark.errors import RecoveryError
-    from flowspark.spark.streaming import _check_meta
+    from flowspark.spark.streaming import check_meta as _check_meta
 
     chk = str(tmp_path / "chk")
     _check_meta(chk, "flow_a", 64, ["flow_a.count"])
@@ -214,7 +214,8 @@ def test_checkpoint_keeps_the_timer_choice_it_was_made_with(tmp_path):
     import json
 
     from flowspark.errors import RecoveryError
-    from flowspark.spark.streaming import META_FILE, _check_meta
+    from flowspark.spark.streaming import META_FILE
+    from flowspark.spark.streaming import check_meta as _check_meta
 
     quiet = str(tmp_path / "quiet")
     assert _check_meta(quiet, "f", 64, ["f.count"], timers=False) is False

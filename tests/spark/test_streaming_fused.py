@@ -102,7 +102,7 @@ def test_error_in_the_source_stage_inside_the_read_names_the_step(spark, tmp_pat
 
 def test_reader_splits_a_partition_range_over_the_tasks_and_keeps_positions():
     from flowspark.spark import pysource
-    from flowspark.spark.runtime import loads, source_seq
+    from flowspark.spark.codec import loads, source_seq
 
     src = ListSource({"only": list(range(12_000))}, batch=4000)
     reader = pysource._Reader("f.inp", src, 0, 100_000, None, None, 4)

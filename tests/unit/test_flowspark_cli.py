@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from flowspark._args import parse_trigger
 from flowspark.cli import main, to_text
-from flowspark.submit import check_master, parse_trigger
+from flowspark.spark.session import check_master
 
 FLOW = textwrap.dedent(
     """
@@ -274,7 +275,8 @@ def test_plan_spark_streaming_shows_buckets_and_state_layout(tmp_path):
     out = res.stdout
     assert "runs as a Structured Streaming query" in out
     assert "stage 0 [source]: readStream.format('flowspark_source')" in out
-    assert "stage 1 [keyed]: (stage0.port0 + tick stream) -> groupBy(pmod(hash(k), 8)).applyInPandasWithState" in out
+    # stateful_map cannot notify: the query runs without timers (no tick stream, NoTimeout)
+    assert "stage 1 [keyed]: (stage0.port0) -> groupBy(pmod(hash(k), 8)).applyInPandasWithState(NoTimeout)" in out
     assert "state: one row per bucket: pickle of {key: (snapshots, notify_at)}" in out
     res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--format", "json")
     doc = json.loads(res.stdout)["spark"]

@@ -1246,13 +1246,13 @@ def test_on_eof_bad_return_shape_names_step():
 
 
 # --------------------------------------------------------------------------- never_notifies
-def _builders(build) -> list:
+def _stateful_nodes(build) -> list:
     from flowspark import ir
 
     flow = Dataflow("nn")
     s = op.input("inp", flow, TestingSource([("a", 1)]))
     op.output("out", build(s), TestingSink([]))
-    return [n.builder for n in flow.graph().nodes if isinstance(n, ir.StatefulBatch)]
+    return [n for n in flow.graph().nodes if isinstance(n, ir.StatefulBatch)]
 
 
 class _Quiet(op.StatefulLogic):
@@ -1288,20 +1288,18 @@ class _Alarm(_Quiet):
     ],
 )
 def test_never_notifies_marks_only_steps_whose_logics_cannot_notify(build, never):
-    from flowspark.operators import _wants_notify, never_notifies
+    from flowspark.logic import wants_notify
 
-    builders = _builders(build)
-    assert builders
-    assert all(never_notifies(b) for b in builders) is never
+    nodes = _stateful_nodes(build)
+    assert nodes
+    assert all(not n.notifies for n in nodes) is never  # the IR's fact, set by the operator
     if never:  # the mark never lies: the logics really keep the default notify_at
-        assert not any(_wants_notify(b(None)) for b in builders)
+        assert not any(wants_notify(n.builder(None)) for n in nodes)
 
 
 def test_windowing_steps_can_notify():
-    from flowspark.operators import never_notifies
-
     clock = win.EventClock(lambda v: v, wait_for_system_duration=timedelta(0))
     windower = win.TumblingWindower(length=timedelta(minutes=1), align_to=datetime(2024, 1, 1, tzinfo=timezone.utc))
-    builders = _builders(lambda s: win.count_window("w", s, clock, windower, lambda v: "k").down)
-    assert builders
-    assert not any(never_notifies(b) for b in builders)
+    nodes = _stateful_nodes(lambda s: win.count_window("w", s, clock, windower, lambda v: "k").down)
+    assert nodes
+    assert all(n.notifies for n in nodes)

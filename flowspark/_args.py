@@ -1,0 +1,87 @@
+"""Command-line argument helpers shared by the `flowspark` commands (a leaf module)."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from typing import Optional
+
+__all__ = ["conf_pair", "parse_trigger", "trigger_arg"]
+
+_TRIGGER_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?)\s*$")
+
+
+def conf_pair(text: str) -> tuple[str, str]:
+    """Parse a `--conf KEY=VALUE` argument.
+
+    Args:
+        text: The argument.
+
+    Returns:
+        `(key, value)`.
+
+    Raises:
+        argparse.ArgumentTypeError: Not `key=value`.
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        msg = f"{text!r} is not key=value (e.g. spark.sql.shuffle.partitions=4)"
+        raise argparse.ArgumentTypeError(msg)
+    return key.strip(), value
+
+
+def trigger_arg(text: str) -> str:
+    """Check a `--trigger` argument (see `parse_trigger`).
+
+    Args:
+        text: The argument.
+
+    Returns:
+        The text, unchanged.
+
+    Raises:
+        argparse.ArgumentTypeError: Not a trigger.
+    """
+    try:
+        parse_trigger(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def parse_trigger(text: str) -> tuple[str, Optional[float]]:
+    """Parse a streaming trigger given on the command line.
+
+    Args:
+        text: `available_now` (process what is available, then stop) or an
+            interval like `10 seconds`, `500 ms`, `2 minutes`.
+
+    Returns:
+        `("available_now", None)` or `("processing_time", seconds)`.
+
+    Raises:
+        ValueError: Neither form.
+
+    Example:
+        >>> parse_trigger("available_now")
+        ('available_now', None)
+        >>> parse_trigger("10 seconds")
+        ('processing_time', 10.0)
+        >>> parse_trigger("500 ms")
+        ('processing_time', 0.5)
+    """
+    t = text.strip().lower()
+    if t in ("available_now", "availablenow", "available-now"):
+        return ("available_now", None)
+    m = _TRIGGER_RE.match(t)
+    if not m:
+        msg = f"trigger {text!r} is neither available_now nor an interval like '10 seconds' or '500 ms'"
+        raise ValueError(msg)
+    n, unit = float(m.group(1)), m.group(2)
+    if unit in ("m", "min", "mins", "minute", "minutes"):
+        scale = 60.0
+    elif unit.startswith("m"):
+        scale = 0.001
+    else:
+        scale = 1.0
+    return ("processing_time", n * scale)

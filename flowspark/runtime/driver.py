@@ -1,0 +1,490 @@
+"""The per-key driver: the one place that drives a key's `StatefulBatchLogic`.
+
+Every runtime (the in-memory executor with either clock, the Spark batch keyed
+stage, the Spark streaming bucket call) drives stateful steps through
+`StepDriver`: build or resume a key's logic, feed values, read and check
+`notify_at`, fire notifications, call `on_eof`, snapshot, check every return
+value, and wrap user errors into one `FlowsparkRuntimeError` naming the step and
+the key (the same text on every runtime). A runtime only decides *when* (its
+time model) and *where* state lives.
+
+Two timelines are offered here:
+
+- `StepDriver.feed_runs`: hand consecutive runs of a key's values to `on_batch`
+  (the in-memory executor with the system or logical clock; notifications are
+  scheduled by the executor with `notify_at` / `notify`);
+- `StepDriver.drive` / `drive_chain`: a fixed logical `now` for a whole call
+  (the Spark runtimes and `run_main(clock="fixed")`): before each value every
+  due notification fires (re-reading `notify_at()` after each fire; a time equal
+  to the one just fired does not fire again at the same point); at the end of
+  the key's values due notifications fire, then `on_eof` (when `eof=True`).
+
+Tags. `drive` carries each value's *tag*, bytes that sort in processing order
+(the Spark runtimes' sequences, see `flowspark.spark.codec`). An emit gets its
+value's tag plus one 4-byte component (`idx`: its index among the emits of that
+value); end-of-key emits get `eof_tag(level, built)` (sorting after every value
+of the key, by the tag of the value the logic was built on) plus an index from
+`EOF_BASE`. A runtime without tags passes empty bytes and ignores them.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+from datetime import datetime
+from typing import Any, Callable, Optional
+
+from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError
+from flowspark.logic import StatefulBatchLogic, wants_notify
+
+__all__ = [
+    "EOF_BASE",
+    "EOF_HEADER",
+    "HEAD_LEN",
+    "StepDriver",
+    "bad_item_error",
+    "drive_chain",
+    "eof_tag",
+    "idx",
+]
+
+#: First emit index used for emits at the end of a key (notifications fired after
+#: the last value, then `on_eof`), so they sort after every other emit of the key.
+EOF_BASE = 1 << 31
+#: First field of end-of-key tags (plus the step's stateful level).
+EOF_HEADER = 0xFFFF0000
+#: Length of the source header of every Spark sequence (`>IIQ`).
+HEAD_LEN = 16
+
+_PACK_I = struct.Struct(">I").pack
+_IDX_CACHE = [_PACK_I(i) for i in range(4096)]
+_KEY_CHUNK = 4096
+_NO_TAG = b"\0" * HEAD_LEN
+
+Emits = list[tuple[bytes, Any]]
+
+
+def idx(i: int) -> bytes:
+    """Encode one tag component.
+
+    Args:
+        i: The index (0 <= i < 2**32).
+
+    Returns:
+        Four big-endian bytes.
+    """
+    return _IDX_CACHE[i] if i < 4096 else _PACK_I(i)
+
+
+def eof_tag(level: int, built: bytes) -> bytes:
+    """The tag of a key's end-of-key emits.
+
+    Args:
+        level: Stateful steps on the longest path from a source to this step.
+        built: Tag of the value the key's live logic was built on.
+
+    Returns:
+        A tag above every tag the step's input can carry, ordered by `built`.
+    """
+    return _PACK_I(EOF_HEADER + level) + built[:4] + built[8:]
+
+
+def bad_item_error(step_id: str, kv: Any) -> FlowsparkTypeError:
+    """The error for an item before a stateful step that is not `(str key, value)`.
+
+    Args:
+        step_id: The stateful step.
+        kv: The item.
+
+    Returns:
+        The error (to raise).
+    """
+    if isinstance(kv, tuple) and len(kv) == 2:
+        msg = (
+            f"step {step_id!r}: keys must be str; received key {kv[0]!r} of type "
+            f"{type(kv[0]).__name__} in item {kv!r}; convert it in `op.key_on` (e.g. `str(...)`)"
+        )
+    else:
+        msg = (
+            f"step {step_id!r} requires `(key, value)` 2-tuple items; received {kv!r} "
+            f"of type {type(kv).__name__}; use `op.key_on` to make a keyed stream"
+        )
+    return FlowsparkTypeError(msg)
+
+
+class StepDriver:
+    """Drives the logics of one stateful step, key by key.
+
+    Every method that calls user code wraps what it raises (or a malformed
+    return value) into `FlowsparkRuntimeError.from_error(step_id, error, key)`.
+
+    Args:
+        step_id: The step's fully qualified id.
+        builder: `builder(resume_state | None) -> StatefulBatchLogic`.
+        level: Stateful steps on the longest path from a source to this step
+            (itself included); orders end-of-key tags after their inputs.
+    """
+
+    __slots__ = ("builder", "level", "step_id")
+
+    def __init__(self, step_id: str, builder: Callable[[Any], Any], level: int = 1) -> None:
+        """Describe the step."""
+        self.step_id = step_id
+        self.builder = builder
+        self.level = level
+
+    # -- one hook at a time ----------------------------------------------------
+    def fail(self, key: Optional[str], error: BaseException) -> FlowsparkRuntimeError:
+        """Wrap `error` raised for `key` (see `FlowsparkRuntimeError.from_error`).
+
+        Args:
+            key: The key.
+            error: The exception.
+
+        Returns:
+            The error to raise.
+        """
+        return FlowsparkRuntimeError.from_error(self.step_id, error, key)
+
+    def build(self, key: str, state: Any = None) -> StatefulBatchLogic[Any, Any, Any]:
+        """Build a key's logic, fresh (`state=None`) or resumed from a snapshot.
+
+        Args:
+            key: The key.
+            state: What `snapshot()` returned, or `None`.
+
+        Returns:
+            The logic.
+        """
+        try:
+            logic = self.builder(state)
+        except Exception as e:
+            raise self.fail(key, e) from e
+        if not isinstance(logic, StatefulBatchLogic):
+            msg = (
+                f"step {self.step_id!r}: builder must return a StatefulBatchLogic (or, for "
+                f"`op.stateful`, a StatefulLogic); returned {logic!r} for key {key!r}"
+            )
+            raise self.fail(key, FlowsparkTypeError(msg))
+        return logic
+
+    def result(self, key: str, res: Any, where: str) -> tuple[list[Any], bool]:
+        """Check what an `on_*` hook returned.
+
+        Args:
+            key: The key.
+            res: The return value.
+            where: The hook, for the message (e.g. `"on_eof()"`).
+
+        Returns:
+            `(emits as a list, discard)`.
+        """
+        if type(res) is tuple and len(res) == 2:
+            emits, discard = res
+            if type(emits) is list:
+                return emits, bool(discard)
+            if isinstance(emits, Iterable):
+                try:
+                    return list(emits), bool(discard)
+                except Exception as e:
+                    raise self.fail(key, e) from e
+        msg = (
+            f"step {self.step_id!r}: {where} must return a 2-tuple (emits, discard) such as "
+            f"`([x], StatefulLogic.RETAIN)`; returned {res!r} for key {key!r}"
+        )
+        raise self.fail(key, FlowsparkTypeError(msg))
+
+    def feed(self, key: str, logic: Any, values: list[Any]) -> tuple[list[Any], bool]:
+        """Hand values to `on_batch`.
+
+        Args:
+            key: The key.
+            logic: Its logic.
+            values: The values, oldest first.
+
+        Returns:
+            `(emits, discard)`.
+        """
+        try:
+            res = logic.on_batch(values)
+        except Exception as e:
+            raise self.fail(key, e) from e
+        if type(res) is tuple and len(res) == 2 and type(res[0]) is list:
+            return res[0], bool(res[1])
+        return self.result(key, res, "on_batch()/on_item()")
+
+    def notify_at(self, key: str, logic: Any) -> Optional[datetime]:
+        """The logic's next notification time (checked), or `None`.
+
+        Logic classes that keep the default `notify_at` are not asked.
+
+        Args:
+            key: The key.
+            logic: Its logic.
+
+        Returns:
+            An aware datetime, or `None`.
+        """
+        if not wants_notify(logic):
+            return None
+        try:
+            at = logic.notify_at()
+        except Exception as e:
+            raise self.fail(key, e) from e
+        if at is not None and (not isinstance(at, datetime) or at.tzinfo is None):
+            msg = (
+                f"step {self.step_id!r}: notify_at() must return an aware datetime "
+                f"(e.g. datetime.now(timezone.utc)) or None; returned {at!r} for key {key!r}"
+            )
+            raise self.fail(key, FlowsparkTypeError(msg))
+        return at
+
+    def notify(self, key: str, logic: Any) -> tuple[list[Any], bool]:
+        """Call `on_notify`.
+
+        Args:
+            key: The key.
+            logic: Its logic.
+
+        Returns:
+            `(emits, discard)`.
+        """
+        try:
+            res = logic.on_notify()
+        except Exception as e:
+            raise self.fail(key, e) from e
+        return self.result(key, res, "on_notify()")
+
+    def eof(self, key: str, logic: Any) -> tuple[list[Any], bool]:
+        """Call `on_eof`.
+
+        Args:
+            key: The key.
+            logic: Its logic.
+
+        Returns:
+            `(emits, discard)`.
+        """
+        try:
+            res = logic.on_eof()
+        except Exception as e:
+            raise self.fail(key, e) from e
+        return self.result(key, res, "on_eof()")
+
+    def snapshot(self, key: str, logic: Any) -> Any:
+        """Call `snapshot`.
+
+        Args:
+            key: The key.
+            logic: Its logic.
+
+        Returns:
+            The snapshot.
+        """
+        try:
+            return logic.snapshot()
+        except Exception as e:
+            raise self.fail(key, e) from e
+
+    def fire_due(self, key: str, logic: Any, now: datetime) -> tuple[Any, list[Any]]:
+        """Fire every notification due at a fixed `now`.
+
+        `notify_at()` is read again after each fire; a time equal to the one just
+        fired does not fire again at the same `now`.
+
+        Args:
+            key: The key.
+            logic: Its logic.
+            now: The time.
+
+        Returns:
+            `(logic or None if a notification discarded it, emits in order)`.
+        """
+        out: list[Any] = []
+        last: Optional[datetime] = None
+        while logic is not None:
+            at = self.notify_at(key, logic)
+            if at is None or at > now or at == last:
+                break
+            last = at
+            ws, discard = self.notify(key, logic)
+            out.extend(ws)
+            if discard:
+                logic = None
+        return logic, out
+
+    # -- the in-memory executor's item path ---------------------------------------
+    def feed_runs(self, logics: dict[str, Any], items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
+        """Feed `(key, value)` items: each run of consecutive items of one key is one `on_batch`.
+
+        Args:
+            logics: Live logic per key (updated: built on a key's first value,
+                removed when discarded).
+            items: `(str key, value)` items in arrival order.
+            out: Receives `(key, emit)` items.
+            touched: Receives every key seen.
+        """
+        append = out.append
+        builder_for = self.build
+        n = len(items)
+        i = 0
+        while i < n:
+            kv = items[i]
+            if type(kv) is not tuple or len(kv) != 2 or type(kv[0]) is not str:
+                self.check_item(kv)
+            key = kv[0]
+            j = i + 1
+            while j < n:
+                nxt = items[j]
+                if type(nxt) is tuple and len(nxt) == 2 and nxt[0] == key:
+                    j += 1
+                else:
+                    break
+            values = [kv[1]] if j == i + 1 else [items[m][1] for m in range(i, j)]
+            i = j
+            logic = logics.get(key)
+            if logic is None:
+                logic = logics[key] = builder_for(key)
+            touched[key] = None
+            try:
+                res = logic.on_batch(values)
+            except Exception as e:
+                raise self.fail(key, e) from e
+            if type(res) is tuple and len(res) == 2 and type(res[0]) in (list, tuple):
+                emits, discard = res
+            else:
+                emits, discard = self.result(key, res, "on_batch()/on_item()")
+            if emits:
+                # No list comprehension: it costs a function frame per key run.
+                if len(emits) == 1:
+                    append((key, emits[0]))
+                else:
+                    for w in emits:
+                        append((key, w))
+            if discard:
+                del logics[key]
+
+    def check_item(self, kv: Any) -> None:
+        """Raise for an item that is not `(str, value)`; subclasses (namedtuples, str enums) pass.
+
+        Args:
+            kv: The item.
+        """
+        if isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str):
+            return
+        raise self.fail(None, bad_item_error(self.step_id, kv))
+
+    # -- the fixed-time timeline with tags ------------------------------------------
+    def drive(
+        self, key: str, items: list[tuple[bytes, Any]], logic: Any, now: datetime, eof: bool
+    ) -> tuple[Emits, Any]:
+        """Run the step over one key's tagged values at a fixed `now` (see the module doc).
+
+        Args:
+            key: The key.
+            items: `(tag, value)` pairs in order.
+            logic: The key's live logic, or `None` (built on the first value).
+            now: The logical time notifications are compared with.
+            eof: Whether the key's input ends here (due notifications, then `on_eof`).
+
+        Returns:
+            `(emits as (tag, value) pairs in order, logic or None)`.
+        """
+        out: Emits = []
+        # End-of-key emits sort by the tag of the value the key's live logic was built
+        # on: the in-memory executor ends keys in the order their logics were created.
+        built = items[0][0] if items else _NO_TAG
+        if items and logic is None:
+            logic = self.build(key)
+        if logic is not None and not wants_notify(logic):
+            # No timers: hand the values over in large batches. Emit j of a batch gets the
+            # tag of value min(j, n-1) plus j: strictly increasing, so order is kept.
+            for start in range(0, len(items), _KEY_CHUNK):
+                chunk = items[start : start + _KEY_CHUNK]
+                if logic is None:
+                    logic = self.build(key)
+                    built = chunk[0][0]
+                ws, discard = self.feed(key, logic, [v for _, v in chunk])
+                if ws:
+                    nw, nc = len(ws), len(chunk)
+                    if nw <= nc and nw <= len(_IDX_CACHE):
+                        ic = _IDX_CACHE
+                        out.extend([(chunk[j][0] + ic[j], w) for j, w in enumerate(ws)])
+                    else:
+                        last = nc - 1
+                        for j, w in enumerate(ws):
+                            out.append((chunk[j if j < last else last][0] + idx(j), w))
+                if discard:
+                    logic = None
+            if eof and logic is not None:
+                tag = eof_tag(self.level, built)
+                ws, discard = self.eof(key, logic)
+                out.extend([(tag + idx(EOF_BASE + j), w) for j, w in enumerate(ws)])
+                if discard:
+                    logic = None
+            return out, logic
+        for seq, v in items:
+            if logic is None:
+                logic = self.build(key)
+                built = seq
+            logic, ws = self.fire_due(key, logic, now)
+            if logic is None:
+                logic = self.build(key)
+                built = seq
+            more, discard = self.feed(key, logic, [v])
+            ws.extend(more)
+            out.extend([(seq + idx(n), w) for n, w in enumerate(ws)])
+            if discard:
+                logic = None
+        if eof and logic is not None:
+            tag = eof_tag(self.level, built)
+            logic, ws = self.fire_due(key, logic, now)
+            if logic is not None:
+                more, discard = self.eof(key, logic)
+                ws.extend(more)
+                if discard:
+                    logic = None
+            out.extend([(tag + idx(EOF_BASE + n), w) for n, w in enumerate(ws)])
+        return out, logic
+
+
+def drive_chain(
+    drivers: tuple[StepDriver, ...],
+    key: str,
+    items: list[tuple[bytes, Any]],
+    logics: Optional[list[Any]] = None,
+    *,
+    now: datetime,
+    eof: bool = True,
+) -> tuple[Emits, list[Any]]:
+    """Run a fused chain of stateful steps over the values of one key.
+
+    Time does not pass during the call (`now` is fixed), so running the chain
+    step after step over the whole key is the same as interleaving the steps
+    value by value.
+
+    Args:
+        drivers: The chain (each step consumes the previous one's emits).
+        key: The key.
+        items: `(tag, value)` pairs of the key, in order.
+        logics: The live logic of each step for this key (`None` entries are built
+            fresh on the first value); default all `None`. A streaming runtime passes
+            logics rebuilt from state and keeps the returned ones.
+        now: The logical time notifications are compared with.
+        eof: Whether the input of this key ends here (fire due notifications and
+            `on_eof` after the last value).
+
+    Returns:
+        `(emits, logics)`: the last step's emits as `(tag, value)` pairs in order
+        (values only; the key is implied), and each step's logic after the call
+        (`None` where it was discarded).
+
+    Raises:
+        FlowsparkRuntimeError: A user callable failed or returned something malformed.
+    """
+    cur = logics if logics is not None else [None] * len(drivers)
+    new: list[Any] = []
+    for i, d in enumerate(drivers):
+        items, logic = d.drive(key, items, cur[i], now, eof)
+        new.append(logic)
+    return items, new

@@ -1,0 +1,222 @@
+"""How items, sequences and errors travel between the driver and Spark's Python workers.
+
+- **Items** (`dumps` / `loads`): marshal for flat values, pickle otherwise.
+- **Sequences**: bytes that sort (unsigned, lexicographically) in the order the
+  items must be processed. A source stamps `>IIQ` (source index, source
+  partition, position); every `flat_map_batch` appends one `>I` component (the
+  index of the output among the outputs of its input item; steps the IR marks
+  `one_to_one` keep the input's sequence); a stateful step appends one
+  component (the index of the emit among the emits caused by one input value,
+  see `flowspark.runtime.driver`). Emits at the end of a key (notifications due
+  after the last value, then `on_eof`) get the header `EOF_HEADER + level`
+  (`level`: the number of stateful steps on the longest path from a source to
+  this step, so it is above every header the step's input can carry), then the
+  header and position of the value the key's logic was built on (its partition
+  field is dropped to keep the length), and indexes from `EOF_BASE` on: they
+  sort after every item emitted while input flowed, and keys end in the order
+  their logics were created, as in the in-memory executor. A merge inserts the
+  upstream's index right after the 16-byte source header and pads the sequence
+  to the longest upstream's length, so items derived from one source item come
+  upstream by upstream, as in the in-memory executor's passes. All sequences of
+  one stream have the same length (`flowspark.spark.plan.sequence_lengths`), and
+  sorting by sequence restores the order of the in-memory executor for every
+  item of one source partition and, within a key, exactly.
+- **Errors** (`encode_task_error` / `decode_task_error`): a marker that carries a
+  `FlowsparkRuntimeError` through Spark's (Java) exception chain to the driver.
+"""
+
+from __future__ import annotations
+
+import base64
+import marshal
+import pickle
+import re
+import struct
+from typing import Any, Optional
+
+import cloudpickle
+
+from flowspark.errors import FlowsparkRuntimeError
+from flowspark.runtime.driver import EOF_BASE, EOF_HEADER, HEAD_LEN, idx
+
+__all__ = [
+    "EOF_BASE",
+    "EOF_HEADER",
+    "HEAD_LEN",
+    "decode_task_error",
+    "dumps",
+    "encode_task_error",
+    "idx",
+    "loads",
+    "loads_all",
+    "source_items",
+    "source_seq",
+]
+
+_PACK_SRC = struct.Struct(">IIQ").pack
+
+
+def source_items(source_index: int, partition: int, start: int, xs: list[Any]) -> list[tuple[bytes, Any]]:
+    """Stamp consecutive items of one source partition with their sequences.
+
+    Args:
+        source_index: Index of the input step in the flow.
+        partition: Index of the source partition.
+        start: Position of the first item in its partition.
+        xs: The items.
+
+    Returns:
+        `(sequence, item)` pairs; item `i` gets `source_seq(source_index, partition, start + i)`.
+    """
+    n = len(xs)
+    if n < 16:
+        return [(_PACK_SRC(source_index, partition, start + i), x) for i, x in enumerate(xs)]
+    import numpy as np
+
+    arr = np.empty(n, dtype=_SEQ_DTYPE)
+    arr["s"] = source_index
+    arr["p"] = partition
+    arr["q"] = np.arange(start, start + n, dtype=np.uint64)
+    buf = arr.tobytes()
+    return list(zip([buf[i : i + HEAD_LEN] for i in range(0, n * HEAD_LEN, HEAD_LEN)], xs, strict=True))
+
+
+_SEQ_DTYPE = [("s", ">u4"), ("p", ">u4"), ("q", ">u8")]
+
+
+def source_seq(source_index: int, partition: int, position: int) -> bytes:
+    """Encode the sequence a source stamps on an item.
+
+    Args:
+        source_index: Index of the input step in the flow.
+        partition: Index of the source partition.
+        position: Position of the item in its partition.
+
+    Returns:
+        16 bytes.
+    """
+    return _PACK_SRC(source_index, partition, position)
+
+
+#: Exact types `marshal` round-trips without changing them. (It writes anything with the
+#: buffer protocol, numpy arrays and scalars included, as plain bytes, and refuses
+#: subclasses such as namedtuples and enums, so only these, at most one container deep,
+#: take the fast path; everything else is pickled.)
+_FLAT = frozenset({int, float, str, bool, type(None), bytes})
+_marshal_dumps = marshal.dumps
+_marshal_loads = marshal.loads
+_pickle_loads = pickle.loads
+
+
+def _is_flat(x: Any) -> bool:
+    t = type(x)
+    if t in _FLAT:
+        return True
+    if t is tuple or t is list:
+        return all(type(e) in _FLAT for e in x)
+    if t is dict:
+        return all(type(k) in _FLAT and type(v) in _FLAT for k, v in x.items())
+    return False
+
+
+def dumps(x: Any) -> bytes:
+    """Encode an item for a Spark row.
+
+    Flat values (exact `int`, `float`, `str`, `bool`, `None`, `bytes`, or a tuple, list
+    or dict of them) use `marshal` (about twice as fast as pickle both ways); anything
+    else uses pickle (protocol 5), then cloudpickle for what plain pickle refuses. A
+    pickle always starts with byte 0x80 and a marshal never does, which is how `loads`
+    tells them apart.
+
+    Args:
+        x: The item.
+
+    Returns:
+        The bytes.
+
+    Example:
+        >>> loads(dumps(("a", 1))), loads(dumps({"b": [1]}))
+        (('a', 1), {'b': [1]})
+    """
+    if _is_flat(x):
+        return _marshal_dumps(x)
+    try:
+        return pickle.dumps(x, protocol=5)
+    except Exception:  # noqa: BLE001
+        return cloudpickle.dumps(x, protocol=5)
+
+
+def loads(b: bytes) -> Any:
+    """Decode bytes made by `dumps`.
+
+    Args:
+        b: The bytes.
+
+    Returns:
+        The item.
+    """
+    return _pickle_loads(b) if b[0] == 0x80 else _marshal_loads(b)
+
+
+def loads_all(bs: list[bytes]) -> list[Any]:
+    """Decode a column of `dumps` bytes.
+
+    Args:
+        bs: The encoded items.
+
+    Returns:
+        The items, in order.
+    """
+    if any(b[0] == 0x80 for b in bs):
+        return list(map(loads, bs))
+    return list(map(_marshal_loads, bs))
+
+
+# --------------------------------------------------------------------------- errors
+_MARK_RE = re.compile(r"FLOWSPARK_TASK_ERROR<<([A-Za-z0-9+/=]+)>>")
+
+
+def encode_task_error(fail: FlowsparkRuntimeError) -> str:
+    """Encode a step failure into a marker that survives Spark's exception chain.
+
+    Args:
+        fail: The failure (`FlowsparkRuntimeError.from_error`), its cause the user's exception.
+
+    Returns:
+        A message carrying the marker.
+    """
+    cause = fail.__cause__
+    try:
+        blob = pickle.dumps(cause) if cause is not None else None
+        if blob is not None:
+            pickle.loads(blob)
+    except Exception:  # noqa: BLE001
+        blob = None
+    exc_type = fail.exc_type if fail.exc_type is not None else type(fail).__name__
+    exc_message = fail.exc_message if fail.exc_message is not None else str(fail)
+    payload = pickle.dumps((fail.step_id, fail.key, exc_type, exc_message, blob))
+    return f"{fail} FLOWSPARK_TASK_ERROR<<{base64.b64encode(payload).decode()}>>"
+
+
+def decode_task_error(text: str) -> Optional[FlowsparkRuntimeError]:
+    """Find a marker made by `encode_task_error` in `text` and rebuild the error.
+
+    Args:
+        text: Any text (e.g. the message of a Py4J or PySpark exception).
+
+    Returns:
+        A `FlowsparkRuntimeError` naming the step, with the original exception as
+        `__cause__` (when it could be unpickled) and attributes `exc_type` and
+        `exc_message` (the same text the in-memory executor gives); `None` when `text` holds no marker.
+    """
+    m = _MARK_RE.search(text)
+    if m is None:
+        return None
+    step_id, key, type_name, message, blob = pickle.loads(base64.b64decode(m.group(1)))
+    err = FlowsparkRuntimeError.describe(step_id, type_name, message, key)
+    if blob is not None:
+        try:
+            err.__cause__ = pickle.loads(blob)
+        except Exception:  # noqa: BLE001,S110
+            pass
+    return err

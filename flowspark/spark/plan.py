@@ -1,0 +1,222 @@
+"""A compiled Spark plan: pure data, shipped to workers in parts, printable.
+
+A plan is a list of *stages*; each stage is one Python pass over Spark rows
+`(p int, k string, seq binary, v binary)` (port, key, sequence, encoded item):
+
+- a **source stage** turns a source into items: items held by the driver
+  (`flowspark.inputs.DriverItems`, e.g. `TestingSource`), source partitions, or
+  the rows of a Spark DataFrame (`flowspark.spark.inputs.SparkSource`);
+- a **map stage** reads the union of some ports of earlier stages (a `merge` of
+  streams living in different stages);
+- a **keyed stage** drives a chain of consecutive stateful steps key by key.
+
+A stream leaving its stage (to another stage, a sink or the driver) is a
+*port*. The batch runtime (`flowspark.spark.batch`) and the streaming runtime
+(`flowspark.spark.streaming`) are two lowerings of the same plan; each describes
+its own lowering (`describe`), which `print(plan)` and `flowspark plan --spark` show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from flowspark.runtime.driver import StepDriver
+
+__all__ = ["InspectPlan", "KeyedStep", "Op", "Plan", "Port", "SinkPlan", "StagePlan", "StageSpec"]
+
+
+@dataclass(frozen=True)
+class Op:
+    """One stateless core step inside a fused stage.
+
+    `kind` is `map` (flat_map_batch), `inspect` (pass through and copy to
+    `side`), `pass` (redistribute), `branch` or `merge`. `one_to_one`: the IR's
+    `FlatMapBatch.one_to_one` (one output per input: it keeps the input's sequence). `ups`/`downs` are
+    stream ids; for `merge`, `pads[i]` is the upstream's 4-byte index (inserted
+    after the source header) then zero padding (appended).
+    """
+
+    kind: str
+    step_id: str
+    ups: tuple[str, ...]
+    downs: tuple[str, ...]
+    fn: Optional[Callable[..., Any]] = None
+    pads: tuple[bytes, ...] = ()
+    one_to_one: bool = False
+
+
+@dataclass(frozen=True)
+class KeyedStep:
+    """One stateful step of a fused keyed chain.
+
+    `level`: the number of stateful steps on the longest path from a source to
+    this step (itself included); it orders end-of-key emits after their inputs.
+    `notifies`: the IR's `StatefulBatch.notifies` (whether a logic can ask for a
+    notification).
+    """
+
+    step_id: str
+    builder: Callable[[Any], Any]
+    level: int = 1
+    notifies: bool = True
+
+    def driver(self) -> StepDriver:
+        """The per-key driver of this step.
+
+        Returns:
+            A `StepDriver`.
+        """
+        return StepDriver(self.step_id, self.builder, self.level)
+
+
+@dataclass(frozen=True)
+class Port:
+    """A stream that leaves its stage (to another stage, a sink or the driver).
+
+    `key_for` names the stateful step whose input this stream is: the stage
+    then checks items are `(str, value)` and fills the key column. `value_only`:
+    every reader of the port is a keyed stage, so the `v` column holds only the
+    value (the key is in `k`); otherwise it holds the whole `(key, value)` item.
+    """
+
+    stream: str
+    key_for: Optional[str] = None
+    value_only: bool = False
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What one Python pass of a stage does (shipped to the workers, pickled once per stage).
+
+    `source`: how input rows become items: `rows` (k, seq, v rows of a previous
+    stage), `chunks` (pickled lists of items sent from the driver), `parts`
+    (source partitions to build and read), `native` (rows of a Spark DataFrame,
+    one dict per row). `entry` is the stream the input items (or, when `chain` is
+    not empty, the chain's emits) belong to. `input_value_only`: for a keyed stage,
+    whether its input rows carry only the value in `v` (see `Port.value_only`).
+    `depth_in`: for a keyed stage, the sequence length of its input stream.
+    """
+
+    stage_id: int
+    source: str
+    entry: str
+    chain: tuple[KeyedStep, ...] = ()
+    ops: tuple[Op, ...] = ()
+    ports: tuple[Port, ...] = ()
+    source_step: str = ""
+    source_index: int = 0
+    input_value_only: bool = False
+    depth_in: int = 0
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One stage of a plan.
+
+    Attributes:
+        spec: What the Python pass does (shipped to the workers).
+        kind: `source`, `map` or `keyed`.
+        inputs: For `map` and `keyed` stages, the ports read: `(stage id, port, pad)`;
+            for a merge, `pad` is the upstream's index (inserted after the source
+            header of each sequence) then zero padding (appended); else empty.
+        steps: Ids of the core steps fused into the stage, in order.
+        source: For source stages, the source object.
+        bounded: For source stages, whether the source ends (`is_bounded()`).
+    """
+
+    spec: StageSpec
+    kind: str
+    inputs: tuple[tuple[int, int, bytes], ...]
+    steps: tuple[str, ...]
+    source: Any = None
+    bounded: bool = True
+
+    def union(self) -> str:
+        """The ports a map or keyed stage reads, as text (`stage0.port0 + stage1.port0`).
+
+        Returns:
+            The text.
+        """
+        return " + ".join(f"stage{s}.port{p}" for s, p, _ in self.inputs)
+
+
+@dataclass(frozen=True)
+class SinkPlan:
+    """An output step: where its items are written.
+
+    `where` is `driver` (collected and written at the driver in sequence order:
+    `TestingSink`, `StdOutSink`), `dynamic` (one sink partition per Spark
+    partition), `fixed` (items routed by `part_fn` to the sink's partitions) or
+    `native` (a Spark writer, `flowspark.spark.outputs`).
+    """
+
+    step_id: str
+    sink: Any
+    where: str
+    port: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class InspectPlan:
+    """An inspect step: its items are collected and shown at the driver in sequence order."""
+
+    step_id: str
+    inspector: Any
+    port: tuple[int, int]
+    order: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A compiled dataflow, ready for `flowspark.spark.run`."""
+
+    flow_id: str
+    stages: tuple[StagePlan, ...]
+    sinks: tuple[SinkPlan, ...]
+    inspects: tuple[InspectPlan, ...]
+
+    @property
+    def bounded(self) -> bool:
+        """Whether every source ends (the plan runs as a batch job, else as a streaming query)."""
+        return all(st.bounded for st in self.stages if st.kind == "source")
+
+    def keyed_steps(self) -> list[KeyedStep]:
+        """Every stateful step of the plan, stage by stage.
+
+        Returns:
+            The steps.
+        """
+        return [ks for st in self.stages for ks in st.spec.chain]
+
+    def __str__(self) -> str:
+        """Render the plan with the batch lowering of each stage (`flowspark.spark.batch.describe_stage`)."""
+        from flowspark.spark.batch import describe_stage
+
+        return self.render(describe_stage)
+
+    def render(self, describe: Callable[[StagePlan], str]) -> str:
+        """Render the plan for people.
+
+        Args:
+            describe: What a stage lowers to, in one line (each lowering describes itself:
+                `flowspark.spark.batch.describe_stage`, `flowspark.spark.streaming.Lowering`).
+
+        Returns:
+            The text.
+        """
+        lines = [f"plan for dataflow {self.flow_id!r}: {len(self.stages)} stage(s)"]
+        for st in self.stages:
+            spec = st.spec
+            lines.append(f"stage {spec.stage_id} [{st.kind}]: {describe(st)}")
+            for sid in st.steps:
+                lines.append(f"    {sid}")
+            for p, port in enumerate(spec.ports):
+                extra = f" (keyed for {port.key_for})" if port.key_for else ""
+                lines.append(f"    port{p} <- {port.stream}{extra}")
+        for sk in self.sinks:
+            src = f"stage{sk.port[0]}.port{sk.port[1]}"
+            lines.append(f"sink {sk.step_id}: {type(sk.sink).__name__} ({sk.where}) <- {src}")
+        for ins in self.inspects:
+            lines.append(f"inspect {ins.step_id}: shown at the driver <- stage{ins.port[0]}.port{ins.port[1]}")
+        return "\n".join(lines)

@@ -1,0 +1,45 @@
+"""Run a dataflow as one Structured Streaming query (some source is unbounded).
+
+The plan is the compiler's (`flowspark.spark.compiler.compile_flow`), lowered to
+streaming operations (`query.Lowering` describes them stage by stage):
+
+- source stages read a stream: `SparkSource(..., streaming=True)` through
+  `spark.readStream`, and flowspark `FixedPartitionedSource`s through the Python
+  data source of `flowspark.spark.pysource` (real offsets: the partitions'
+  snapshots), which runs the source stage inside its read;
+- a keyed stage becomes `groupBy(bucket).applyInPandasWithState(...)` with
+  `bucket = pmod(hash(key), B)`: one Python call per bucket and micro-batch
+  (`state.BucketDriver`). `notify_at` becomes the bucket's processing-time
+  timeout, so Spark calls idle buckets when a key is due. A flow whose stateful
+  steps cannot notify (the IR's `StatefulBatch.notifies`) runs without timers;
+- sinks: a lone `SparkSink` is Spark's file sink (exactly-once with the
+  checkpoint); any other sink, and `inspect`, go through `foreachBatch` at the
+  driver (at-least-once: a micro-batch that was running when the driver died is
+  written again after the restart).
+
+`B` (`buckets`) is fixed for a checkpoint's lifetime (`checkpoint.check_meta`).
+Windowing keeps its own clock and watermark inside each key's logic, so nothing
+here uses Spark's `window()` or watermarks. Spark rejects a second
+`applyInPandasWithState` in one query, so a flow with several keyed stages lowers
+every keyed stage to `transformWithStateInPandas` (RocksDB state store) with the
+same bucket driver. See docs/streaming.md.
+
+Modules: `state` (bucket state, inside Python workers), `checkpoint` (the
+checkpoint's metadata), `query` (lowering, the query's lifecycle, driver sinks,
+progress lines).
+"""
+
+from flowspark.spark.streaming.checkpoint import META_FILE, check_meta
+from flowspark.spark.streaming.query import Lowering, StreamingRun, compile_streaming, needs_timers, run_streaming
+from flowspark.spark.streaming.state import BucketDriver
+
+__all__ = [
+    "META_FILE",
+    "BucketDriver",
+    "Lowering",
+    "StreamingRun",
+    "check_meta",
+    "compile_streaming",
+    "needs_timers",
+    "run_streaming",
+]

@@ -1,0 +1,63 @@
+"""The checkpoint's own metadata: what a streaming checkpoint belongs to and how it was lowered.
+
+`<checkpoint>/flowspark.json` records the flow id, the stateful step ids, the
+bucket count and whether the query runs with timers. A restart with another flow,
+another bucket count, or a flow needing timers on a timer-less checkpoint is
+refused with `RecoveryError` (keys would land in other buckets, or Spark would
+reject the changed query).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from flowspark.errors import RecoveryError
+
+__all__ = ["META_FILE", "check_meta"]
+
+#: File in the checkpoint directory recording what the checkpoint belongs to.
+META_FILE = "flowspark.json"
+
+
+def check_meta(checkpoint: str, flow_id: str, buckets: int, steps: list[str], timers: bool = True) -> bool:
+    """Create or check `<checkpoint>/flowspark.json`; return whether the query runs with timers.
+
+    `timers` is what this flow needs (`False` when no stateful step can ask for a
+    notification). A checkpoint keeps the choice it was made with (the query's
+    sources and timeout mode must not change across restarts); one written before
+    the choice was recorded ran with timers.
+    """
+    path = os.path.join(checkpoint, META_FILE)
+    meta = {"flow_id": flow_id, "buckets": buckets, "stateful_steps": steps, "timers": timers, "version": 1}
+    if os.path.exists(path):
+        with open(path) as f:
+            old = json.load(f)
+        if old.get("flow_id") != flow_id or old.get("stateful_steps") != steps:
+            msg = (
+                f"checkpoint {checkpoint!r} belongs to dataflow {old.get('flow_id')!r} with stateful steps "
+                f"{old.get('stateful_steps')}; this is dataflow {flow_id!r} with {steps}; use another checkpoint "
+                "directory (or delete this one to start over)"
+            )
+            raise RecoveryError(msg)
+        if old.get("buckets") != buckets:
+            msg = (
+                f"checkpoint {checkpoint!r} was written with buckets={old.get('buckets')}; received "
+                f"buckets={buckets}; the bucket count is fixed for a checkpoint's lifetime (keys would land "
+                "in other buckets and lose their state): pass the old value or start a new checkpoint"
+            )
+            raise RecoveryError(msg)
+        old_timers = old.get("timers", True)
+        if timers and not old_timers:
+            msg = (
+                f"checkpoint {checkpoint!r} was written by a query without timers (no stateful step could ask "
+                "for a notification); this flow's stateful steps can; start a new checkpoint"
+            )
+            raise RecoveryError(msg)
+        return bool(old_timers)
+    os.makedirs(checkpoint, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(meta, f)
+    os.replace(tmp, path)
+    return timers

@@ -1,0 +1,725 @@
+"""The streaming lowering: run a compiled plan as one Structured Streaming query.
+
+See the package docstring for the shape of the query; `Lowering` describes it
+stage by stage (what `flowspark plan --spark` prints) and `StreamingRun.build`
+follows the same choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable, Optional
+
+from flowspark.errors import FlowsparkCompileError, FlowsparkError, FlowsparkRuntimeError, FlowsparkTypeError
+from flowspark.inputs import DynamicSource
+from flowspark.spark.codec import decode_task_error, encode_task_error, loads, loads_all
+from flowspark.spark.compiler import as_graph, compile_flow
+from flowspark.spark.inputs import SparkSource
+from flowspark.spark.outputs import SparkSink
+from flowspark.spark.plan import Plan, StagePlan, StageSpec
+from flowspark.spark.streaming.checkpoint import check_meta
+from flowspark.spark.streaming.state import STATE_SCHEMA, BucketDriver
+from flowspark.spark.worker import dict_rows, not_dict_error, stage_function
+
+__all__ = ["Lowering", "StreamingRun", "compile_streaming", "needs_timers", "run_streaming"]
+
+_ROW_SCHEMA = "p int, k string, seq binary, v binary"
+DEFAULT_BUCKETS = 64
+_DEFAULT_INTERVAL = "500 milliseconds"
+
+
+def compile_streaming(flow: Any) -> Plan:
+    """Compile a dataflow (or its graph) for a streaming query, or check a compiled plan.
+
+    Args:
+        flow: The `Dataflow`, its `ir.Graph`, or a compiled `Plan`.
+
+    Returns:
+        The plan (the batch job's plan: the streaming query is another lowering of it).
+
+    Raises:
+        FlowsparkCompileError: The flow cannot run as a streaming query (a
+            DynamicSource, or what the compiler refuses).
+    """
+    plan = flow if isinstance(flow, Plan) else compile_flow(as_graph(flow))
+    for st in plan.stages:
+        if st.kind == "source" and isinstance(st.source, DynamicSource):
+            msg = (
+                f"step {st.spec.source_step!r}: source {type(st.source).__name__} is a DynamicSource, which has "
+                "no offsets to resume from; a streaming query needs a FixedPartitionedSource (snapshot/resume) "
+                "or SparkSource(..., streaming=True)"
+            )
+            raise FlowsparkCompileError(msg)
+    return plan
+
+
+def needs_timers(plan: Plan) -> bool:
+    """Whether some stateful step can ask for a notification (the IR's `notifies`).
+
+    Args:
+        plan: The plan.
+
+    Returns:
+        True when the query needs timeouts.
+    """
+    return any(ks.notifies for ks in plan.keyed_steps())
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """The choices of the streaming lowering for a plan, and their description.
+
+    Attributes:
+        plan: The plan.
+        buckets: State buckets of every keyed stage.
+        timers: Whether the query runs with timers (processing-time timeouts).
+    """
+
+    plan: Plan
+    buckets: int
+    timers: bool
+
+    @property
+    def chained(self) -> bool:
+        """Whether the plan has several keyed stages.
+
+        Spark allows one applyInPandasWithState per query, so then every keyed stage uses
+        transformWithStateInPandas (RocksDB state store).
+        """
+        return sum(1 for st in self.plan.stages if st.kind == "keyed") > 1
+
+    def keyed_op(self) -> str:
+        """The Spark operator every keyed stage lowers to, with its timeout mode.
+
+        Returns:
+            The text.
+        """
+        if self.chained:
+            return f"transformWithStateInPandas(timeMode={'ProcessingTime' if self.timers else 'None'})"
+        return f"applyInPandasWithState({'ProcessingTimeTimeout' if self.timers else 'NoTimeout'})"
+
+    def stage(self, st: StagePlan) -> str:
+        """What one stage lowers to.
+
+        Args:
+            st: The stage.
+
+        Returns:
+            A one-line description.
+        """
+        if st.kind == "source":
+            if isinstance(st.source, SparkSource):
+                return "spark.readStream of the SparkSource -> mapInArrow"
+            return "readStream.format('flowspark_source') (offsets: the partitions' snapshots; stage runs in the read)"
+        if st.kind == "keyed":
+            tick = " + tick stream" if self.timers else ""
+            return f"({st.union()}{tick}) -> groupBy(pmod(hash(k), {self.buckets})).{self.keyed_op()}"
+        return f"({st.union()}) -> mapInArrow"
+
+    def state(self, st: StagePlan) -> str:
+        """How a keyed stage keeps its state.
+
+        Args:
+            st: A keyed stage.
+
+        Returns:
+            The text.
+        """
+        steps = [ks.step_id for ks in st.spec.chain]
+        which = steps[0] if len(steps) == 1 else "step i of " + ", ".join(steps)
+        timeout = "; the bucket's timeout is its earliest notify_at" if self.timers else "; no timers"
+        return (
+            f"one row per bucket: pickle of {{key: (snapshots, notify_at)}}, snapshots[i] = None or "
+            f"(snapshot of {which},){timeout}; the bucket count is fixed for a checkpoint"
+        )
+
+
+def _per_call_stage(
+    spec: StageSpec, clock: Optional[Callable[[], datetime]]
+) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """A stage function whose logical `now` is read when each task starts."""
+
+    def fn(batches: Iterator[Any]) -> Iterator[Any]:
+        now = clock() if clock is not None else datetime.now(timezone.utc)
+        yield from stage_function(spec, now)(batches)
+
+    return fn
+
+
+def _progress_line(p: Any) -> str:
+    state_rows = sum(int(op.get("numRowsTotal", 0)) for op in (p.get("stateOperators") or []))
+    wm = (p.get("eventTime") or {}).get("watermark", "-")
+    rate = p.get("processedRowsPerSecond") or 0.0
+    return (
+        f"[flowspark] batch {p.get('batchId')}: {p.get('numInputRows', 0)} input rows, "
+        f"{rate:.0f} rows/s, state rows {state_rows}, watermark {wm}"
+    )
+
+
+class StreamingRun:
+    """A running (or finished) streaming query of a dataflow.
+
+    Built by `run_streaming`; `query` is the Spark `StreamingQuery`.
+    """
+
+    def __init__(self, plan: Plan, spark: Any, options: dict[str, Any]) -> None:
+        """Prepare the query (nothing starts until `start`)."""
+        self.plan = plan
+        self.spark = spark
+        self.checkpoint: str = options["checkpoint"]
+        self.buckets: int = options["buckets"]
+        self.clock: Optional[Callable[[], datetime]] = options.get("clock")
+        self.max_items: int = options["max_items"]
+        self.timers: bool = options.get("timers", True)
+        self.progress: Optional[Callable[[str], None]] = options.get("progress")
+        self.dfs: dict[int, Any] = {}
+        self.query: Any = None
+        self.batches = 0
+        self._sink_parts: dict[str, Any] = {}
+        self._error: Optional[BaseException] = None
+        self.lowering = Lowering(plan, self.buckets, self.timers)
+        self._sink_struct: Any = None
+        self._sink_fused_stage: Optional[int] = None
+
+    # -- building ---------------------------------------------------------------
+    def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
+        """Return the `(k, seq, v)` rows of one port of a stage (with `pad` appended to `seq`)."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        df = self.dfs[stage].filter(F.col("p") == port)
+        seq = F.concat(F.col("seq"), F.lit(pad)) if pad else F.col("seq")
+        return df.select(F.col("k"), seq.alias("seq"), F.col("v"))
+
+    def source_df(self, st: StagePlan) -> Any:
+        """Return the streaming DataFrame a source stage reads."""
+        spec = st.spec
+        src = st.source
+        if isinstance(src, SparkSource):
+            try:
+                return src.load(self.spark)
+            except FlowsparkError:
+                raise
+            except Exception as e:
+                raise FlowsparkRuntimeError(spec.source_step, f"step {spec.source_step!r}: {e}") from e
+        from flowspark.spark import pysource
+
+        pysource.register(self.spark)
+        opts = pysource.stream_options(
+            spec.source_step,
+            src,
+            spec.source_index,
+            self.max_items,
+            stage=dataclasses.replace(spec, source="chunks"),  # the reader hands chunk rows to the stage
+            clock=self.clock,
+            tasks=self.spark.sparkContext.defaultParallelism,
+        )
+        return self.spark.readStream.format(pysource.FORMAT).options(**opts).load()
+
+    def build(self) -> Any:
+        """Build every stage's streaming DataFrame; return the last one."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        chained = self.lowering.chained
+        if chained:
+            # Spark rejects a second applyInPandasWithState in one query: every keyed stage then
+            # uses transformWithStateInPandas, which needs the RocksDB state store.
+            self.spark.conf.set(
+                "spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+            )
+        for st in self.plan.stages:
+            spec = st.spec
+            if st.kind == "source":
+                df = self.source_df(st)
+                if isinstance(st.source, SparkSource):
+                    df = df.mapInArrow(_per_call_stage(spec, self.clock), _ROW_SCHEMA)
+                # else: the Python data source runs the source stage inside its read
+            else:
+                ins = [self.port_df(s, p, pad) for s, p, pad in st.inputs]
+                df = ins[0]
+                for other in ins[1:]:
+                    df = df.union(other)
+                if st.kind == "keyed":
+                    from flowspark.spark import pysource
+
+                    if self.timers:
+                        # Timers need a micro-batch even when no data arrives (after a restart).
+                        pysource.register(self.spark)
+                        df = df.union(self.spark.readStream.format(pysource.TICK_FORMAT).load())
+                    sink_rows = self._fused_sink(spec)
+                    out_schema = _ROW_SCHEMA if sink_rows is None else self._sink_struct
+                    driver = BucketDriver(spec, self.clock, sink_rows, self.timers)
+                    df = df.withColumn("bucket", F.pmod(F.hash("k"), F.lit(self.buckets)))
+                    if not chained:
+                        df = df.groupBy("bucket").applyInPandasWithState(
+                            driver.pandas_function(),
+                            out_schema,
+                            STATE_SCHEMA,
+                            "append",
+                            "ProcessingTimeTimeout" if self.timers else "NoTimeout",
+                        )
+                    else:
+                        df = df.groupBy("bucket").transformWithStateInPandas(
+                            driver.processor(), out_schema, "Append", "ProcessingTime" if self.timers else "None"
+                        )
+                else:
+                    df = df.mapInArrow(_per_call_stage(spec, self.clock), _ROW_SCHEMA)
+            self.dfs[spec.stage_id] = df
+        return df
+
+    def _fused_sink(self, spec: StageSpec) -> Optional[tuple[str, Any]]:
+        """`(step id, Arrow schema)` when this keyed stage can write the lone file sink's rows itself.
+
+        That is when the stage's only port is the port of the query's lone `SparkSink`,
+        which has a schema of atomic columns (pandas carries them unchanged).
+        """
+        lone = self._lone_file_sink()
+        if lone is None or lone.port != (spec.stage_id, 0) or len(spec.ports) != 1:
+            return None
+        sink: SparkSink = lone.sink
+        if sink.schema is None or sink.format == "table":
+            return None
+        struct, arrow_schema = _sink_schema(sink.schema)
+        if not _atomic(struct):
+            return None
+        self._sink_struct = struct
+        self._sink_fused_stage = spec.stage_id
+        return lone.step_id, arrow_schema
+
+    # -- sinks ------------------------------------------------------------------
+    def _lone_file_sink(self) -> Optional[Any]:
+        sinks = self.plan.sinks
+        if len(sinks) == 1 and sinks[0].where == "native" and not self.plan.inspects:
+            return sinks[0]
+        return None
+
+    def start(self, trigger: Optional[str]) -> Any:
+        """Build the query and start it with `trigger`; return the `StreamingQuery`."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        self.build()
+        qchk = os.path.join(self.checkpoint, "query")
+        lone = self._lone_file_sink()
+        if lone is not None:
+            sink: SparkSink = lone.sink
+            if sink.schema is None:
+                msg = (
+                    f"step {lone.step_id!r}: a streaming SparkSink needs a schema (a streaming query cannot "
+                    "look at the rows first); pass schema='a STRING, b LONG'"
+                )
+                raise FlowsparkCompileError(msg)
+            if sink.format == "table":
+                msg = f"step {lone.step_id!r}: a streaming SparkSink writes files; use parquet, json, csv or orc"
+                raise FlowsparkCompileError(msg)
+            if self._sink_fused_stage == lone.port[0]:
+                rows = self.dfs[lone.port[0]]  # the keyed stage already wrote the sink's rows
+            else:
+                rows = _dict_rows(self.spark, self.port_df(*lone.port), lone.step_id, sink.schema)
+            if sink.format == "kafka":
+                w = rows.writeStream.format("kafka").outputMode("append")
+            else:
+                w = rows.writeStream.format(sink.format).option("path", sink.path).outputMode("append")
+            if sink.options:
+                w = w.options(**sink.options)
+            if sink.partition_by:
+                w = w.partitionBy(*sink.partition_by)
+        else:
+            ports = sorted({sk.port for sk in self.plan.sinks} | {ins.port for ins in self.plan.inspects})
+            parts = [
+                self.dfs[s].filter(F.col("p") == p).select(F.lit(s).alias("st"), "p", "seq", "v") for s, p in ports
+            ]
+            out = parts[0]
+            for other in parts[1:]:
+                out = out.union(other)
+            self._open_sinks()
+            w = out.writeStream.foreachBatch(self._foreach_batch)
+        w = w.option("checkpointLocation", qchk).queryName(f"flowspark_{self.plan.flow_id}")
+        if trigger == "available_now":
+            w = w.trigger(availableNow=True)
+        else:
+            w = w.trigger(processingTime=trigger or _DEFAULT_INTERVAL)
+        try:
+            self.query = w.start()
+        except Exception as e:
+            from flowspark.spark.kafka import _missing_jar
+
+            err = _missing_jar(e)
+            if err is not None:
+                raise err from e
+            raise
+        return self.query
+
+    def _open_sinks(self) -> None:
+        for sk in self.plan.sinks:
+            try:
+                if sk.where in ("driver", "dynamic"):
+                    self._sink_parts[sk.step_id] = sk.sink.build(sk.step_id, 0, 1)
+                elif sk.where == "fixed":
+                    keys = list(sk.sink.list_parts())
+                    self._sink_parts[sk.step_id] = (keys, [sk.sink.build_part(sk.step_id, k, None) for k in keys])
+            except Exception as e:
+                raise _fail(sk.step_id, e) from e
+
+    def _foreach_batch(self, df: Any, batch_id: int) -> None:
+        import pyarrow.compute as pc
+
+        try:
+            table = df.toArrow()
+        except Exception as e:
+            err = decode_task_error(str(e))
+            self._error = err if err is not None else e
+            raise
+        if table.num_rows:
+            order = pc.sort_indices(table, sort_keys=[("seq", "ascending"), ("st", "ascending"), ("p", "ascending")])
+            table = table.take(order)
+        sts = table.column("st").to_pylist()
+        ps = table.column("p").to_pylist()
+        vs = table.column("v").to_pylist()
+        by_port: dict[tuple[int, int], list[Any]] = {}
+        for s, p, v in zip(sts, ps, vs, strict=True):
+            by_port.setdefault((s, p), []).append(loads(v))
+        try:
+            for ins in self.plan.inspects:
+                for item in by_port.get(ins.port, []):
+                    ins.inspector(ins.step_id, item, batch_id + 1, 0)
+            for sk in self.plan.sinks:
+                items = by_port.get(sk.port)
+                if items:
+                    self._write(sk, items, batch_id)
+        except FlowsparkError as e:
+            self._error = e
+            raise
+        except Exception as e:
+            self._error = _fail(getattr(e, "step_id", "sink"), e)
+            raise
+
+    def _write(self, sk: Any, items: list[Any], batch_id: int) -> None:
+        try:
+            if sk.where in ("driver", "dynamic"):
+                self._sink_parts[sk.step_id].write_batch(items)
+            elif sk.where == "fixed":
+                keys, parts = self._sink_parts[sk.step_id]
+                routed: dict[int, list[Any]] = {}
+                for kv in items:
+                    if type(kv) is not tuple or len(kv) != 2 or not isinstance(kv[0], str):
+                        msg = (
+                            f"step {sk.step_id!r}: {type(sk.sink).__name__} is partitioned and needs "
+                            f"`(str key, value)` items; received {kv!r}; add `op.key_on` before the output"
+                        )
+                        raise FlowsparkTypeError(msg)
+                    routed.setdefault(sk.sink.part_fn(kv[0]) % len(keys), []).append(kv[1])
+                for i in sorted(routed):
+                    parts[i].write_batch(routed[i])
+            else:
+                bad = next((x for x in items if not isinstance(x, dict)), None)
+                if bad is not None:
+                    raise not_dict_error(sk.step_id, bad)
+                sink = sk.sink
+                if sink.format == "kafka":
+                    sink.write(self.spark.createDataFrame(items, sink.schema))
+                    return
+                w = self.spark.createDataFrame(items, sink.schema).write.mode("append")
+                if sink.options:
+                    w = w.options(**sink.options)
+                w.format(sink.format).save(sink.path)
+        except FlowsparkError:
+            raise
+        except Exception as e:
+            raise _fail(sk.step_id, e) from e
+
+    def close_sinks(self) -> None:
+        """Close the sink partitions opened at the driver."""
+        for part in self._sink_parts.values():
+            for p in part[1] if isinstance(part, tuple) else [part]:
+                try:
+                    p.close()
+                except Exception:  # noqa: BLE001,S110
+                    pass
+        self._sink_parts = {}
+
+
+def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
+    return FlowsparkRuntimeError.from_error(step_id, ex)
+
+
+def _sink_schema(schema: Any) -> tuple[Any, Any]:
+    """`(StructType, Arrow schema)` of a SparkSink's schema (DDL string or StructType)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import StructType
+
+    st = StructType.fromDDL(schema) if isinstance(schema, str) else schema
+    return st, to_arrow_schema(st)  # type: ignore[arg-type]
+
+
+def _atomic(st: Any) -> bool:
+    """Whether every field of a StructType is atomic (pandas round-trips it unchanged)."""
+    from pyspark.sql.types import ArrayType, MapType, StructType
+
+    return all(not isinstance(f.dataType, (ArrayType, MapType, StructType)) for f in st.fields)
+
+
+def _dict_rows(spark: Any, df: Any, step_id: str, schema: Any) -> Any:
+    """Turn (k, seq, v) rows whose items are dicts into rows of `schema`."""
+    st, arrow_schema = _sink_schema(schema)
+
+    def fn(batches: Iterator[Any]) -> Iterator[Any]:
+        try:
+            for b in batches:
+                items = loads_all(b.column(2).to_pylist())
+                if items:
+                    yield dict_rows(step_id, items, arrow_schema)
+        except FlowsparkRuntimeError as f:
+            raise RuntimeError(encode_task_error(f)) from None
+
+    return df.mapInArrow(fn, st)
+
+
+class _Listener:
+    """Prints the progress line and counts finished micro-batches of this run's query."""
+
+    def __init__(self, run: StreamingRun, show: Optional[Callable[[str], None]]) -> None:
+        self.run = run
+        self.show = show
+        self.cond = threading.Condition()
+        self.last_batch = -1
+        self.early: list[dict[str, Any]] = []  # events seen before the query object was known
+
+    def started(self) -> None:
+        """Replay the events that arrived before `run.query` was set."""
+        with self.cond:
+            early, self.early = self.early, []
+        for p in early:
+            self.progress(p)
+
+    def progress(self, p: dict[str, Any]) -> None:
+        query = self.run.query
+        if query is None:
+            with self.cond:
+                self.early.append(p)
+            return
+        if p.get("runId") != str(query.runId):
+            return  # another query of the same name (e.g. a late event of an earlier run)
+        if self.show is not None:
+            self.show(_progress_line(p))
+        with self.cond:
+            self.run.batches += 1
+            self.last_batch = max(self.last_batch, int(p.get("batchId", -1)))
+            self.cond.notify_all()
+
+    def drain(self, query: Any, timeout: float = 10.0) -> None:
+        """Wait until the progress of the query's last micro-batch was delivered (events are asynchronous)."""
+        last = query.lastProgress
+        if last is None:
+            return
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.last_batch < last["batchId"] and time.monotonic() < deadline:
+                self.cond.wait(0.05)
+
+
+def _make_listener(spark: Any, on_progress: Callable[[dict[str, Any]], None], name: str) -> Any:
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class L(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+            p = json.loads(event.progress.json)
+            if p.get("name") == name:
+                on_progress(p)
+
+        def onQueryIdle(self, event: Any) -> None:  # noqa: N802
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+            pass
+
+    lst = L()
+    spark.streams.addListener(lst)
+    return lst
+
+
+def _stop_between_batches(query: Any, timeout: float = 60.0) -> None:
+    """Stop `query` between micro-batches (stopping mid-batch can fail in Spark 4.3).
+
+    Waits until no trigger is running, or, when micro-batches run back to back (no-data
+    batches for timeouts), until one just finished, and stops then.
+    """
+    deadline = time.monotonic() + timeout
+    last = query.lastProgress
+    first = last["batchId"] if last else None
+    while query.isActive and time.monotonic() < deadline:
+        if not query.status.get("isTriggerActive", False):
+            break
+        last = query.lastProgress
+        if last is not None and last["batchId"] != first:
+            break
+        time.sleep(0.002)
+    try:
+        query.stop()
+    except Exception:  # noqa: BLE001,S110
+        pass
+
+
+def run_streaming(
+    flow: Any,
+    *,
+    spark: Any = None,
+    checkpoint: Optional[str] = None,
+    trigger: Optional[str] = None,
+    buckets: int = DEFAULT_BUCKETS,
+    max_items: int = 100_000,
+    clock: Optional[Callable[[], datetime]] = None,
+    progress: Any = True,
+    listener: Any = None,
+    timeout: Optional[float] = None,
+    explain: bool = False,
+) -> StreamingRun:
+    """Run a dataflow with unbounded sources as a Structured Streaming query.
+
+    Args:
+        flow: The `Dataflow` (or its graph, or its compiled plan).
+        spark: The SparkSession; default the active one or a new local one.
+        checkpoint: Directory for the query's offsets and state (required). A second
+            run with the same directory continues where the first stopped.
+        trigger: `None`: run until stopped (Ctrl-C stops between micro-batches), one
+            micro-batch every 500 ms at most; `"available_now"`: process what is
+            there, fire due notifications, return; or an interval like `"5 seconds"`.
+        buckets: Number of state buckets `B` (fixed for a checkpoint's lifetime).
+        max_items: Most items read from one flowspark source partition per micro-batch.
+        clock: Function returning "now" (aware UTC) in the workers (must be picklable);
+            default Spark's processing time of each micro-batch.
+        progress: `True` prints one line per micro-batch, a callable receives the
+            line instead, `False` prints nothing.
+        listener: A `pyspark.sql.streaming.StreamingQueryListener` to attach too.
+        timeout: Stop after this many seconds (between micro-batches); default never
+            (or, with `"available_now"`, when everything is processed).
+        explain: Print the compiled plan first.
+
+    Returns:
+        The finished `StreamingRun` (its `query` holds Spark's progress reports).
+
+    Raises:
+        FlowsparkRuntimeError: A user callable failed in the query.
+        FlowsparkCompileError: The flow cannot run as a streaming query.
+        RecoveryError: The checkpoint belongs to another flow or bucket count.
+        FlowsparkTypeError: A bad argument.
+    """
+    if not isinstance(checkpoint, str) or not checkpoint:
+        msg = (
+            f"flowspark.spark.run: a flow with an unbounded source runs as a streaming query and needs "
+            f"checkpoint=DIR (where offsets and state live); received {checkpoint!r}"
+        )
+        raise FlowsparkTypeError(msg)
+    if trigger is not None and not isinstance(trigger, str):
+        msg = f"flowspark.spark.run: trigger must be None, 'available_now' or like '5 seconds'; received {trigger!r}"
+        raise FlowsparkTypeError(msg)
+    if not isinstance(buckets, int) or buckets < 1:
+        msg = f"flowspark.spark.run: buckets must be a positive int; received {buckets!r}"
+        raise FlowsparkTypeError(msg)
+    from flowspark.spark.session import ship_user_modules
+
+    ship_user_modules()
+    plan = compile_streaming(flow)
+    steps = [ks.step_id for ks in plan.keyed_steps()]
+    timers = check_meta(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan))
+    if explain:
+        print(plan.render(Lowering(plan, buckets, timers).stage))
+    if spark is None:
+        from flowspark.spark.session import get_session
+
+        spark = get_session()
+    show: Optional[Callable[[str], None]]
+    if progress is True:
+        show = print
+    elif callable(progress):
+        show = progress
+    else:
+        show = None
+    sr = StreamingRun(
+        plan,
+        spark,
+        {"checkpoint": checkpoint, "buckets": buckets, "clock": clock, "max_items": max_items, "timers": timers},
+    )
+    lst = _Listener(sr, show)
+    spark_listener = _make_listener(spark, lst.progress, f"flowspark_{plan.flow_id}")
+    if listener is not None:
+        spark.streams.addListener(listener)
+    try:
+        query = sr.start(trigger)
+        lst.started()
+        _wait(sr, query, lst, trigger, timeout)
+        lst.drain(query)
+    finally:
+        spark.streams.removeListener(spark_listener)
+        if listener is not None:
+            spark.streams.removeListener(listener)
+        sr.close_sinks()
+    return sr
+
+
+def _raise_query_error(sr: StreamingRun, e: BaseException) -> None:
+    if sr._error is not None:  # noqa: SLF001
+        err = sr._error  # noqa: SLF001
+        raise err from err.__cause__
+    dec = decode_task_error(str(e))
+    if dec is not None:
+        raise dec from dec.__cause__
+    raise e
+
+
+def _await(sr: StreamingRun, query: Any, seconds: float) -> None:
+    """`query.awaitTermination(seconds)`; a failed query raises the flowspark error it carries."""
+    try:
+        query.awaitTermination(seconds)
+    except Exception as e:  # noqa: BLE001
+        _raise_query_error(sr, e)
+
+
+def _wait(sr: StreamingRun, query: Any, lst: _Listener, trigger: Optional[str], timeout: Optional[float]) -> None:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    interrupted = False
+    old = None
+    if threading.current_thread() is threading.main_thread():
+
+        def on_int(_sig: int, _frm: Any) -> None:
+            nonlocal interrupted
+            interrupted = True
+
+        old = signal.signal(signal.SIGINT, on_int)
+    try:
+        if trigger == "available_now":
+            # With processing-time timeouts Spark runs no-data micro-batches forever, so the
+            # query is stopped here: after the first micro-batch that read no rows (all data
+            # read; that batch also fired the notifications due in idle buckets).
+            while query.isActive and not interrupted:
+                last = query.lastProgress
+                if last is not None and last["numInputRows"] == 0:
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                _await(sr, query, 0.05)
+        else:
+            while query.isActive and not interrupted:
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                _await(sr, query, 0.2)
+        if query.isActive:
+            _stop_between_batches(query)
+        exc = query.exception()
+        if exc is not None:
+            _raise_query_error(sr, exc)
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGINT, old)
+    if interrupted:
+        raise KeyboardInterrupt
