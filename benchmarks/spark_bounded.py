@@ -162,7 +162,9 @@ def main() -> None:
             .collect()
         )
 
-    print(compile_flow(build_flowspark(SparkSource("parquet", path), [])))
+    from flowspark.spark.batch import describe_stage
+
+    print(compile_flow(build_flowspark(SparkSource("parquet", path), [])).render(describe_stage))
     # Warm-up (JVM, Python workers, code paths) of every job on the same file.
     run(build_flowspark(TestingSource([{"user": "u1", "amount": 1}] * 1000), []), spark=spark)
     flowspark_parquet()

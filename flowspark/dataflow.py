@@ -208,18 +208,6 @@ def _find_flow(values: list[Any]) -> Optional[Dataflow]:
     return None
 
 
-def current_step_id(flow: Dataflow) -> str:
-    """Return the fully qualified id of the operator call being built.
-
-    Args:
-        flow: The dataflow.
-
-    Returns:
-        The id, e.g. `"flow.counts.stateful_batch"`.
-    """
-    return flow._scopes[-1].scope_id
-
-
 def operator(fn: Optional[F] = None, *, _core: bool = False) -> Any:
     """Turn a function into a dataflow operator.
 

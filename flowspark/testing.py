@@ -45,6 +45,7 @@ __all__ = [
     "TestingSource",
     "TimeTestingGetter",
     "ffwd_iter",
+    "per_key",
     "poll_next_batch",
     "run_main",
 ]
@@ -296,3 +297,25 @@ def poll_next_batch(
             msg = f"no batch within {timeout}"
             raise TimeoutError(msg)
         time.sleep(0.001)
+
+
+def per_key(items: Iterable[tuple[str, Any]]) -> dict[str, list[Any]]:
+    """Group `(key, value)` items by key, keeping each key's order.
+
+    Runtimes give the same order within a key (the in-memory executor's), but
+    distributed runtimes may interleave keys differently: compare per key.
+
+    Args:
+        items: `(key, value)` items, e.g. what a `TestingSink` collected.
+
+    Returns:
+        `{key: [values in order]}`.
+
+    Example:
+        >>> per_key([("a", 1), ("b", 2), ("a", 3)])
+        {'a': [1, 3], 'b': [2]}
+    """
+    out: dict[str, list[Any]] = {}
+    for k, v in items:
+        out.setdefault(k, []).append(v)
+    return out

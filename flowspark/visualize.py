@@ -70,7 +70,6 @@ class _Model:
         self.recursive = recursive
         cores = {n.step_id: n for n in graph.nodes}
         comps = {c.step_id: c for c in graph.composites}
-        self._cores = cores
 
         def build(step_id: str) -> _Step:
             comp = comps.get(step_id)

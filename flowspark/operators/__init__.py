@@ -1001,7 +1001,7 @@ def stateful(
     return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=not class_never_notifies(builder))
 
 
-class _StatefulFlatMapLogic(StatefulBatchLogic[V, W, S]):
+class _StatefulFlatMapLogic(StatefulBatchLogic[V, W, Optional[S]]):
     __slots__ = ("mapper", "state", "step_id")
 
     def __init__(
@@ -1036,7 +1036,7 @@ class _StatefulFlatMapLogic(StatefulBatchLogic[V, W, S]):
         return copy.deepcopy(self.state)
 
 
-class _StatefulMapLogic(StatefulBatchLogic[V, W, S]):
+class _StatefulMapLogic(StatefulBatchLogic[V, W, Optional[S]]):
     __slots__ = ("mapper", "state", "step_id")
 
     def __init__(self, step_id: str, mapper: Callable[[Optional[S], V], tuple[Optional[S], W]], state: Optional[S]):
@@ -1295,7 +1295,7 @@ def fold_final(
     return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False)
 
 
-class _ReduceFinalLogic(StatefulBatchLogic[V, V, V]):
+class _ReduceFinalLogic(StatefulBatchLogic[V, V, tuple[V]]):
     __slots__ = ("has", "reducer", "state")
 
     def __init__(self, reducer: Callable[[V, V], V], state: Optional[tuple[V]]):

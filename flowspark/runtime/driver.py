@@ -347,9 +347,10 @@ class StepDriver:
                 logic = logics[key] = builder_for(key)
             touched[key] = None
             try:
-                res = logic.on_batch(values)
+                res: Any = logic.on_batch(values)
             except Exception as e:
                 raise self.fail(key, e) from e
+            emits: Any
             if type(res) is tuple and len(res) == 2 and type(res[0]) in (list, tuple):
                 emits, discard = res
             else:

@@ -489,7 +489,6 @@ class _Executor:
         self.fixed_time = fixed_time
         self.vals: dict[str, list[Any]] = {}
         self.pending: dict[str, list[Any]] = {}
-        self.stream_eof: dict[str, bool] = {}
         self.polled = 0
         self.epoch = 1
         # Where streams meet again (merge, hence join), the interleaving of their items

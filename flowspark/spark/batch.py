@@ -502,7 +502,7 @@ def run_plan(
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
     if explain:
-        print(plan)
+        print(plan.render(describe_stage))
     job = _Job(plan, spark, start_time, partitions, chunk_size)
     try:
         with no_gc():  # the driver pickles and unpickles items in bulk too

@@ -72,7 +72,7 @@ def _source_kind(node: ir.Input) -> str:
     src = node.source
     if isinstance(src, SparkSource):
         return "native"
-    if isinstance(src, DriverItems) and src.is_bounded():
+    if isinstance(src, DriverItems) and _bounded(node):
         return "chunks"
     if isinstance(src, (FixedPartitionedSource, DynamicSource)):
         _check_pickle(node.step_id, f"source {type(src).__name__}", src)
@@ -133,7 +133,7 @@ def compile_flow(graph: Any) -> Plan:
         >>> op.output("out", s, TestingSink([]))
         >>> print(compile_flow(flow.validate()))  # doctest: +ELLIPSIS
         plan for dataflow 'eg': 1 stage(s)
-        stage 0 [source]: createDataFrame(chunks of items pickled at the driver) -> mapInArrow
+        stage 0 [source]: a source
             eg.inp
             eg.double.flat_map_batch
             port0 <- eg.double.flat_map_batch.down

@@ -190,17 +190,16 @@ class Plan:
         return [ks for st in self.stages for ks in st.spec.chain]
 
     def __str__(self) -> str:
-        """Render the plan with the batch lowering of each stage (`flowspark.spark.batch.describe_stage`)."""
-        from flowspark.spark.batch import describe_stage
+        """Render the plan's structure (`render` adds what a lowering makes of each stage)."""
+        return self.render()
 
-        return self.render(describe_stage)
-
-    def render(self, describe: Callable[[StagePlan], str]) -> str:
+    def render(self, describe: Optional[Callable[[StagePlan], str]] = None) -> str:
         """Render the plan for people.
 
         Args:
             describe: What a stage lowers to, in one line (each lowering describes itself:
-                `flowspark.spark.batch.describe_stage`, `flowspark.spark.streaming.Lowering`).
+                `flowspark.spark.batch.describe_stage`, `flowspark.spark.streaming.Lowering.stage`);
+                default: the ports the stage reads.
 
         Returns:
             The text.
@@ -208,7 +207,8 @@ class Plan:
         lines = [f"plan for dataflow {self.flow_id!r}: {len(self.stages)} stage(s)"]
         for st in self.stages:
             spec = st.spec
-            lines.append(f"stage {spec.stage_id} [{st.kind}]: {describe(st)}")
+            what = describe(st) if describe is not None else (f"reads {st.union()}" if st.inputs else "a source")
+            lines.append(f"stage {spec.stage_id} [{st.kind}]: {what}")
             for sid in st.steps:
                 lines.append(f"    {sid}")
             for p, port in enumerate(spec.ports):

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import base64
 import pickle
-import struct
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional
@@ -300,19 +299,6 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for _n, part in self.live.values():
             self._close(part)
         self.live.clear()
-
-
-def decode_seq(seq: bytes) -> tuple[int, int, int]:
-    """Split a source sequence into (source index, partition index, position).
-
-    Args:
-        seq: The first 16 bytes of a sequence.
-
-    Returns:
-        The three components.
-    """
-    si, pi, pos = struct.unpack(">IIQ", seq[:16])
-    return si, pi, pos
 
 
 #: The name of the tick source (`spark.readStream.format(TICK_FORMAT)`).

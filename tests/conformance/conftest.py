@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable, Optional
@@ -46,6 +47,30 @@ def runtime(request):
     return Runtime("spark", run_spark)
 
 
-def only_on(runtime: Runtime, name: str, reason: str) -> None:
-    if runtime.name != name:
-        pytest.skip(reason)
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """`@pytest.mark.notimpl(["spark"], raises=Exc, reason=..., match=...)`, as in ibis's backend suite.
+
+    On a runtime the marker names, the test must raise `raises` (with `match` in
+    its message when given): it passes then, and fails if it raises nothing (the
+    runtime learned the feature: drop the marker) or something else.
+    """
+    callspec = getattr(pyfuncitem, "callspec", None)
+    name = callspec.params.get("runtime") if callspec is not None else None
+    marker = next(
+        (m for m in pyfuncitem.iter_markers("notimpl") if name is not None and name in m.args[0]),
+        None,
+    )
+    if marker is None:
+        return (yield)
+    raises = marker.kwargs["raises"]
+    match = marker.kwargs.get("match")
+    try:
+        yield
+    except raises as e:
+        if match is not None and not re.search(match, str(e)):
+            raise
+        return True
+    pytest.fail(
+        f"marked notimpl on {name!r} ({marker.kwargs['reason']}) but it raised no {raises.__name__}; drop the marker"
+    )

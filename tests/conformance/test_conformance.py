@@ -8,7 +8,6 @@ exact list.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from typing import Any, Optional
 
@@ -21,17 +20,10 @@ from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkCompileError, FlowsparkRuntimeError, FlowsparkTypeError
 from flowspark.operators import StatefulBatchLogic, StatefulLogic
 from flowspark.outputs import StdOutSink
-from flowspark.testing import TestingSink, TestingSource
+from flowspark.testing import TestingSink, TestingSource, per_key
 
 UTC = timezone.utc
 T0 = datetime(2024, 1, 1, tzinfo=UTC)
-
-
-def per_key(items: list[tuple[str, Any]]) -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = defaultdict(list)
-    for k, v in items:
-        out[k].append(v)
-    return dict(out)
 
 
 def pipe(items: list[Any], build, flow_id: str = "t") -> tuple[Dataflow, list[Any]]:
@@ -507,13 +499,14 @@ def test_not_a_pair_is_a_clear_error(runtime):
         runtime.run(flow)
 
 
+@pytest.mark.notimpl(
+    ["spark"],
+    raises=FlowsparkCompileError,
+    match="TestingSource.ABORT cannot run on the Spark batch runtime",
+    reason="a batch job has no epoch boundary to abort at",
+)
 def test_abort_marker(runtime):
     flow, out = pipe([1, TestingSource.ABORT(), 2], lambda s: s)
-    if runtime.name == "spark":
-        # A batch job has no epoch boundary to abort at.
-        with pytest.raises(FlowsparkCompileError, match="TestingSource.ABORT cannot run on the Spark batch runtime"):
-            runtime.run(flow)
-        return
     runtime.run(flow)
     assert out == [1]
 
@@ -531,3 +524,24 @@ def test_a_keyed_stream_read_by_a_sink_and_a_stateful_step(runtime):
     assert raw == items
     assert [type(v) for _, v in raw] == [int, int, np.int64, tuple]
     assert per_key(totals) == {"a": [(1, 1), (2, np.int64(3))], "b": [(1, 2), (2, (4, "x"))]}
+
+
+def _div_by_zero_on_b(state, value):
+    if value == "b":
+        return state, 1 / 0
+    return state, value
+
+
+def test_a_user_error_in_a_stateful_step_reads_the_same_on_every_runtime(runtime):
+    flow, _ = pipe([("a", "a"), ("b", "b")], lambda s: op.stateful_map("s", s, _div_by_zero_on_b))
+    with pytest.raises(FlowsparkRuntimeError) as info:
+        runtime.run(flow)
+    err = info.value
+    assert str(err) == "error in step 't.s.stateful_batch' for key 'b': ZeroDivisionError: division by zero"
+    assert (err.step_id, err.key, err.exc_type, err.exc_message) == (
+        "t.s.stateful_batch",
+        "b",
+        "ZeroDivisionError",
+        "division by zero",
+    )
+    assert isinstance(err.__cause__, ZeroDivisionError)

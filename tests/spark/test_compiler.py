@@ -11,6 +11,7 @@ from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
 from flowspark.inputs import SimplePollingSource
 from flowspark.spark import SparkSink, SparkSource, compile_flow
+from flowspark.spark.batch import check_bounded, describe_stage
 from flowspark.testing import TestingSink, TestingSource
 
 
@@ -34,7 +35,7 @@ def test_plan_fuses_stateless_runs_and_consecutive_stateful_steps():
     assert keyed.steps == ("f.run.stateful_batch", "f.tot.stateful_batch", "f.fmt.flat_map_batch")
     assert [s.step_id for s in keyed.spec.chain] == ["f.run.stateful_batch", "f.tot.stateful_batch"]
     assert src.spec.ports[0].key_for == "f.run.stateful_batch"
-    text = str(plan)
+    text = plan.render(describe_stage)
     assert "repartition(k) -> sortWithinPartitions(k, seq) -> mapInArrow" in text
     assert "sink f.out: TestingSink (driver) <- stage1.port0" in text
 
@@ -96,8 +97,10 @@ def test_unbounded_source_is_refused():
 
     flow = Dataflow("f")
     op.output("out", op.input("inp", flow, Ticks(timedelta(seconds=1))), TestingSink([]))
+    plan = compile_flow(flow)  # one plan for both lowerings; the batch lowering refuses it
+    assert not plan.bounded
     with pytest.raises(FlowsparkCompileError, match="step 'f.inp': source Ticks is not bounded"):
-        compile_flow(flow)
+        check_bounded(plan)
 
 
 def test_not_a_dataflow():

@@ -8,7 +8,6 @@ fire on the same per-key timeline.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -20,7 +19,7 @@ import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.operators import StatefulLogic
 from flowspark.spark import run
-from flowspark.testing import TestingSink, TestingSource, run_main
+from flowspark.testing import TestingSink, TestingSource, per_key, run_main
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -95,13 +94,6 @@ def build(items: list[Any], steps: list[str]) -> tuple[Dataflow, list[Any]]:
     out: list[Any] = []
     op.output("out", s, TestingSink(out))
     return flow, out
-
-
-def per_key(items: list[tuple[str, Any]]) -> dict[str, list[Any]]:
-    got: dict[str, list[Any]] = defaultdict(list)
-    for k, v in items:
-        got[k].append(v)
-    return dict(got)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

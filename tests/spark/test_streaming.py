@@ -9,7 +9,7 @@ from streaming_helpers import T0, ActiveUser, FileClock, JsonlDirSource, count_m
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
-from flowspark.testing import TestingSink
+from flowspark.testing import TestingSink, per_key
 
 pytestmark = [pytest.mark.spark]
 
@@ -157,12 +157,6 @@ def test_same_output_as_in_memory_executor(spark, tmp_path):
         max_items=30,
     )
     assert len(local) == len(streamed) > 0
-
-    def per_key(items):
-        d: dict = {}
-        for k, v in items:
-            d.setdefault(k, []).append(v)
-        return d
 
     assert per_key(streamed) == per_key(local)
 

@@ -115,3 +115,35 @@ def test_reader_splits_a_partition_range_over_the_tasks_and_keeps_positions():
     assert [x for r in rows for x in loads(r[2])] == list(range(12_000))
     one_task = pysource._Reader("f.inp", src, 0, 100_000, None, None, 1)
     assert len(one_task.partitions(start, one_task.latestOffset(start, None))) == 1
+
+
+def _fails_on_u2(state, _value):
+    if _value["user"] == "u2":
+        return state, 1 / 0
+    return count_mapper(state, _value)
+
+
+def test_a_user_error_in_a_keyed_stage_reads_as_on_every_runtime(spark, tmp_path):
+    """The per-key driver words the error once: same text as the in-memory executor and the batch job."""
+    from flowspark.spark import run
+
+    root = str(tmp_path / "in")
+    _write_input(root)
+    flow = Dataflow("fused")
+    s = op.input("inp", flow, JsonlDirSource(root, ["a", "b"]))
+    counts = op.stateful_map("count", op.key_on("key", s, lambda e: e["user"]), _fails_on_u2)
+    op.output(
+        "out",
+        op.map("row", counts, count_row),
+        SparkSink("parquet", str(tmp_path / "out"), schema="user STRING, n LONG"),
+    )
+    with pytest.raises(FlowsparkRuntimeError) as info:
+        run(flow, spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", progress=False)
+    err = info.value
+    assert str(err) == "error in step 'fused.count.stateful_batch' for key 'u2': ZeroDivisionError: division by zero"
+    assert (err.step_id, err.key, err.exc_type, err.exc_message) == (
+        "fused.count.stateful_batch",
+        "u2",
+        "ZeroDivisionError",
+        "division by zero",
+    )

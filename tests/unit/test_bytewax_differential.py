@@ -30,6 +30,7 @@ from hypothesis import strategies as st  # noqa: E402
 import flowspark.dataflow  # noqa: E402
 import flowspark.operators  # noqa: E402
 import flowspark.testing  # noqa: E402
+from flowspark.testing import per_key  # noqa: E402
 
 pytestmark = pytest.mark.bytewax
 
@@ -269,13 +270,6 @@ TERMINAL = st.one_of(
 )
 POST = st.sampled_from([("none",), ("map_value",), ("filter_map_value",)])
 FLOWS = st.fixed_dictionaries({"pre": st.lists(PRE, max_size=3), "terminal": TERMINAL, "post": POST})
-
-
-def per_key(out: list[Any]) -> dict[str, list[Any]]:
-    res: dict[str, list[Any]] = {}
-    for k, v in out:
-        res.setdefault(k, []).append(v)
-    return res
 
 
 def assert_same(items: list[Any], flow_spec: dict, batch_size: int, pause_after: frozenset[int] = frozenset()) -> None:

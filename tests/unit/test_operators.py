@@ -14,7 +14,7 @@ from flowspark._time import use_clock, utc_now
 from flowspark.dataflow import Dataflow, Stream
 from flowspark.errors import FlowsparkBuildError, FlowsparkRuntimeError, FlowsparkTypeError
 from flowspark.inputs import DynamicSource, StatelessSourcePartition
-from flowspark.testing import TestingSink, TestingSource, TimeTestingGetter, run_main
+from flowspark.testing import TestingSink, TestingSource, TimeTestingGetter, per_key, run_main
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 PAUSE0 = TestingSource.PAUSE(timedelta(0))  # ends the executor's pass: what follows is a new batch
@@ -50,13 +50,6 @@ def builder_of(flow: Dataflow, step_prefix: str) -> Callable[[Any], Any]:
         if isinstance(node, ir.StatefulBatch) and node.step_id.startswith(step_prefix):
             return node.builder
     raise AssertionError(step_prefix)
-
-
-def per_key(out: list[tuple[str, Any]]) -> dict[str, list[Any]]:
-    res: dict[str, list[Any]] = {}
-    for k, v in out:
-        res.setdefault(k, []).append(v)
-    return res
 
 
 # ---------------------------------------------------------------------------
@@ -528,6 +521,8 @@ def test_enrich_cached_now_is_fixed_per_batch():
         lambda s: op.enrich_cached("e", s, getter, mapper, ttl=timedelta(seconds=1), _now_getter=clock.get),
     )
     assert out == [1, 1, 1, 2]
+    # one fetch in the first batch (its "now" stands still, so the entry stays fresh), one after it expired
+    assert calls == ["k", "k"]
 
 
 # ---------------------------------------------------------------------------
