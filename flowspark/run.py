@@ -54,6 +54,7 @@ traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from datetime import timedelta
@@ -72,6 +73,7 @@ ENV_PROCESS_ID = "FLOWSPARK_PROCESS_ID"
 ENV_ADDRESSES = "FLOWSPARK_ADDRESSES"
 
 _PROG = "python -m flowspark.run"
+_log = logging.getLogger(__name__)
 _IMPORT_HELP = (
     "dataflow import string: <module>[:<variable or factory call>] or <path/file.py>[:...]; "
     "the attribute defaults to `flow`. Examples: src.dataflow, src.dataflow:flow, "
@@ -360,6 +362,7 @@ def cli_main(
         pid_name="process_id",
         addresses=addresses,
     )
+    _log.info("running dataflow %r with the in-memory executor (1 worker)", getattr(flow, "flow_id", flow))
     run_main(flow, epoch_interval=epoch_interval, recovery_config=recovery_config)
 
 
@@ -435,6 +438,7 @@ def _run_spark(args: argparse.Namespace) -> int:
     if args.workers_per_process is not None:
         argv += ["--master", f"local[{args.workers_per_process}]"]
     cargs = cli.build_parser().parse_args(argv)
+    _log.info("running %s on local Spark, master %s", args.import_str, cargs.master or "local[*]")
     try:
         return cli._cmd_run(cargs)
     except Exception as e:

@@ -17,6 +17,7 @@ assert out == [("a", 1), ("b", 1), ("a", 2)]
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -301,6 +302,9 @@ def cluster_main(
         process_id=proc_id,
         pid_name="proc_id",
         addresses=list(addresses) if isinstance(addresses, (list, tuple)) else addresses,
+    )
+    logging.getLogger(__name__).info(
+        "running dataflow %r with the in-memory executor (1 worker)", getattr(flow, "flow_id", flow)
     )
     run_main(flow, epoch_interval=epoch_interval, recovery_config=recovery_config)
 
