@@ -48,6 +48,7 @@ __all__ = [
     "setup_tracing",
 ]
 
+#: The Python logging level `setup_tracing` uses for `"TRACE"` (Python has no trace level).
 TRACE = logging.DEBUG - 5
 
 #: The levels `setup_tracing` accepts (case-insensitive), as Python logging levels.

@@ -96,7 +96,8 @@ def _api(name: str) -> Api:
         for m in ("operators", "dataflow", "testing", "inputs", "recovery", "run", "visualize", "operators.helpers")
     ]
     errors = importlib.import_module("bytewax.errors")
-    return Api("bytewax", *mods, errors.BytewaxRuntimeError)
+    op, dataflow, testing, inputs, recovery, run, visualize, helpers = mods
+    return Api("bytewax", op, dataflow, testing, inputs, recovery, run, visualize, helpers, errors.BytewaxRuntimeError)
 
 
 APIS = ["bytewax", "flowspark"]
@@ -320,10 +321,10 @@ def test_batch_async_in_a_source_partition_like_bytewax() -> None:
     ("call", "err", "needle"),
     [
         (lambda: flowspark.inputs.batch_getter(lambda: 1, 0), ValueError, "batch_size must be an int >= 1; received 0"),
-        (lambda: flowspark.inputs.batch_getter("x", 2), TypeError, "getter must be a function"),
-        (lambda: flowspark.inputs.batch_getter_ex(lambda: 1, 2, yield_ex=3), TypeError, "exception class"),
-        (lambda: flowspark.inputs.batch_async([1], timedelta(1), 2), TypeError, "async iterable"),
-        (lambda: flowspark.inputs.batch_async(_agen(), 5, 2), TypeError, "timeout must be a timedelta"),
+        (lambda: flowspark.inputs.batch_getter("x", 2), TypeError, "getter must be a function"),  # type: ignore[arg-type]
+        (lambda: flowspark.inputs.batch_getter_ex(lambda: 1, 2, yield_ex=3), TypeError, "exception class"),  # type: ignore[arg-type]
+        (lambda: flowspark.inputs.batch_async([1], timedelta(1), 2), TypeError, "async iterable"),  # type: ignore[arg-type]
+        (lambda: flowspark.inputs.batch_async(_agen(), 5, 2), TypeError, "timeout must be a timedelta"),  # type: ignore[arg-type]
         (lambda: flowspark.inputs.batch_async(_agen(), timedelta(-1), 2), ValueError, "must not be negative"),
     ],
 )
@@ -351,7 +352,7 @@ def test_map_dict_value_like_bytewax() -> None:
     d = {"name": "x"}
     assert flowspark.operators.helpers.map_dict_value("name", str.upper)(d) is d
     with pytest.raises(TypeError, match="mapper must be callable"):
-        flowspark.operators.helpers.map_dict_value("name", "upper")
+        flowspark.operators.helpers.map_dict_value("name", "upper")  # type: ignore[arg-type]
 
 
 # -- testing.cluster_main and run.cli_main ------------------------------------------------
@@ -682,7 +683,7 @@ def test_tracing_config_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="sampling_ratio must be between 0.0 and 1.0; received 1.5"):
         tr.OtlpTracingConfig("svc", sampling_ratio=1.5)
     with pytest.raises(TypeError, match="service_name must be a non-empty str"):
-        tr.JaegerConfig(3)
+        tr.JaegerConfig(3)  # type: ignore[arg-type]
 
 
 _OTLP_EXPORT = textwrap.dedent(
@@ -1056,7 +1057,7 @@ def test_flowspark_partition_errors_keep_their_value_error_base() -> None:
 
 # -- non-str keys and non-pair items before a stateful step ------------------------------------
 
-BAD_ITEMS = {"int_key": [(1, 2)], "not_a_pair": [5], "triple": [("a", 1, 2)]}
+BAD_ITEMS: dict[str, list[Any]] = {"int_key": [(1, 2)], "not_a_pair": [5], "triple": [("a", 1, 2)]}
 
 
 def _bad_key_flow(api: Api, items: list[Any]) -> Any:
