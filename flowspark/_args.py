@@ -6,7 +6,14 @@ import argparse
 import re
 from typing import Optional
 
-__all__ = ["conf_pair", "parse_trigger", "trigger_arg"]
+__all__ = ["IMPORT_HELP", "conf_pair", "parse_trigger", "trigger_arg"]
+
+#: Help text of the IMPORT_STR argument of every command.
+IMPORT_HELP = (
+    "dataflow import string: <module>[:<variable or factory call>] or <path/file.py>[:...]; "
+    "the attribute defaults to `flow`. Examples: src.dataflow, src.dataflow:flow, "
+    "flows/wc.py:get_flow('in.txt', n=2)"
+)
 
 _TRIGGER_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|milliseconds?|s|secs?|seconds?|m|mins?|minutes?)\s*$")
 

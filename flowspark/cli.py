@@ -58,14 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The parser.
     """
-    from flowspark.run import _IMPORT_HELP
+    from flowspark._args import IMPORT_HELP
 
     parser = argparse.ArgumentParser(prog=_PROG, description="Build, inspect and run flowspark dataflows.")
     parser.add_argument("--traceback", action="store_true", help="show Python tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run a dataflow (in memory, or on Spark)", description="Run a dataflow.")
-    run.add_argument("import_str", metavar="IMPORT_STR", help=_IMPORT_HELP)
+    run.add_argument("import_str", metavar="IMPORT_STR", help=IMPORT_HELP)
     run.add_argument(
         "--runtime",
         choices=["local", "spark"],
@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--explain", action="store_true", help="print the compiled Spark plan before running")
 
     plan = sub.add_parser("plan", help="print a dataflow's graph or its Spark plan", description="Print a plan.")
-    plan.add_argument("import_str", metavar="IMPORT_STR", help=_IMPORT_HELP)
+    plan.add_argument("import_str", metavar="IMPORT_STR", help=IMPORT_HELP)
     plan.add_argument("--format", choices=["text", "mermaid", "json"], default="text", help="output format")
     plan.add_argument("-r", "--recursive", action="store_true", help="show the core steps inside composite operators")
     plan.add_argument(
@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="package a dataflow and run it on a Spark cluster with spark-submit",
         description="Package the dataflow's module or project, write a driver and run pyspark's spark-submit.",
     )
-    submit.add_argument("import_str", metavar="IMPORT_STR", help=_IMPORT_HELP)
+    submit.add_argument("import_str", metavar="IMPORT_STR", help=IMPORT_HELP)
     add_submit_arguments(submit)
 
     state = sub.add_parser(

@@ -26,7 +26,7 @@ from typing import Any, Callable, Generic, Optional, TypeVar
 
 from typing_extensions import TypeAlias
 
-from flowspark.errors import DuplicateStepError, FlowsparkBuildError, FlowsparkTypeError
+from flowspark.errors import DuplicateStepError, FlowsparkBuildError, FlowsparkTypeError, IncompleteDataflowError
 from flowspark.ir import Composite, Graph, Input, InspectDebug, Node, Output
 
 X = TypeVar("X")
@@ -34,7 +34,7 @@ X_co = TypeVar("X_co", covariant=True)
 V = TypeVar("V")
 F = TypeVar("F", bound=Callable[..., Any])
 
-__all__ = ["Dataflow", "KeyedStream", "Stream", "operator"]
+__all__ = ["Dataflow", "KeyedStream", "Operator", "Stream", "operator"]
 
 
 def _check_id(kind: str, value: Any) -> str:
@@ -117,19 +117,92 @@ class Dataflow:
             The graph.
 
         Raises:
-            FlowsparkBuildError: The flow has no input, or no output or inspect step.
+            IncompleteDataflowError: The flow has no input, or no output or inspect step
+                (a `ValueError` and a `FlowsparkRuntimeError`, alias `BytewaxRuntimeError`).
         """
         graph = self.graph()
         if not any(isinstance(n, Input) for n in graph.nodes):
             msg = f"dataflow {self.flow_id!r} has no input step; add one with `op.input(step_id, flow, source)`"
-            raise FlowsparkBuildError(msg)
+            raise IncompleteDataflowError(self.flow_id, msg)
         if not any(isinstance(n, (Output, InspectDebug)) for n in graph.nodes):
             msg = (
                 f"dataflow {self.flow_id!r} has no output or inspect step, so it would "
                 "produce nothing; add `op.output(step_id, stream, sink)` or `op.inspect(...)`"
             )
-            raise FlowsparkBuildError(msg)
+            raise IncompleteDataflowError(self.flow_id, msg)
         return graph
+
+    @property
+    def substeps(self) -> list[Operator]:
+        """The operator calls at the top of the dataflow, in the order they were made.
+
+        Like Bytewax's `Dataflow.substeps`: each `Operator` has `step_id` (fully
+        qualified), `step_name` (the id given to the call), `substeps` (the calls
+        it made, recursively) and its operator's name as `type(step).__name__`
+        (also `step.op_type`). Composite operators may be built from other
+        sub-steps than in Bytewax (see docs/porting.md).
+
+        Returns:
+            A new list of `Operator` records (changing it does not change the flow).
+
+        Example:
+            >>> import flowspark.operators as op
+            >>> from flowspark.testing import TestingSource
+            >>> flow = Dataflow("eg")
+            >>> s = op.map("double", op.input("inp", flow, TestingSource([1])), lambda x: 2 * x)
+            >>> [(st.step_id, st.step_name, type(st).__name__) for st in flow.substeps]
+            [('eg.inp', 'inp', 'input'), ('eg.double', 'double', 'map')]
+            >>> [st.step_id for st in flow.substeps[1].substeps]
+            ['eg.double.flat_map_batch']
+        """
+        comps = {c.step_id: c for c in self._composites}
+
+        def build(step_id: str) -> Operator:
+            comp = comps[step_id]
+            cls = _operator_class(comp.name)
+            subs = [build(s) for s in comp.substeps if s in comps]
+            return cls(step_id.rsplit(".", 1)[-1], step_id, subs, comp.ups, comp.downs)
+
+        return [build(s) for s in self._scopes[0].substeps if s in comps]
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One operator call in a dataflow's operator tree (see `Dataflow.substeps`).
+
+    Each operator name has its own subclass, so `type(step).__name__` is the
+    operator's name (`"map"`, `"stateful_map"` ...) as in Bytewax.
+
+    Attributes:
+        step_name: The id given to the call (`"double"`).
+        step_id: The fully qualified id (`"flow.double"`).
+        substeps: The operator calls this one made.
+        ups: Ids of the streams it reads.
+        downs: Ids of the streams it returns.
+    """
+
+    step_name: str
+    step_id: str
+    substeps: list[Operator]
+    ups: tuple[str, ...]
+    downs: tuple[str, ...]
+
+    @property
+    def op_type(self) -> str:
+        """The operator's name (`type(self).__name__`)."""
+        return type(self).__name__
+
+
+_OPERATOR_CLASSES: dict[str, type[Operator]] = {}
+
+
+def _operator_class(name: str) -> type[Operator]:
+    cls = _OPERATOR_CLASSES.get(name)
+    if cls is None:
+        doc = f"A call of the `{name}` operator."
+        cls = type(name, (Operator,), {"__doc__": doc, "__module__": __name__, "__qualname__": name})
+        _OPERATOR_CLASSES[name] = cls
+    return cls
 
 
 class Stream(Generic[X_co]):
@@ -172,8 +245,14 @@ class Stream(Generic[X_co]):
         return op_fn(step_id, self, *args, **kwargs)
 
 
-KeyedStream: TypeAlias = "Stream[tuple[str, V]]"
-"""A stream of `(key, value)` 2-tuples; keys must be `str`."""
+KeyedStream: TypeAlias = Stream[tuple[str, V]]
+"""A stream of `(key, value)` 2-tuples; keys must be `str`.
+
+As in Bytewax it is a generic alias of `Stream`, usable at run time:
+`KeyedStream[int]` is `Stream[tuple[str, int]]`, so annotations such as
+`up: op.KeyedStream[int]` work in modules without
+`from __future__ import annotations` and with `typing.get_type_hints`.
+"""
 
 
 def _streams_in(value: Any) -> list[Stream[Any]]:

@@ -1,28 +1,58 @@
 """Errors raised by flowspark.
 
 Every error a user can see derives from `FlowsparkError`. Errors about bad
-input are also `ValueError` or `TypeError`, so code written for Bytewax that
-catches those keeps working.
+input are also `ValueError` or `TypeError`, and the errors Bytewax raises
+have a flowspark class that is also the Bytewax one's built-in base, so code
+written for Bytewax that catches those keeps working.
 
 ```
 FlowsparkError
 ├── FlowsparkBuildError          (+ ValueError)  the dataflow is malformed
-│   └── DuplicateStepError                      a step id is used twice
+│   ├── DuplicateStepError                      a step id is used twice
+│   └── IncompleteDataflowError  (+ FlowsparkRuntimeError) no input, or no output/inspect step
 ├── FlowsparkTypeError           (+ TypeError)   an argument of the wrong type
 ├── FlowsparkCompileError        (+ ValueError)  a runtime cannot run this flow
 ├── FlowsparkRuntimeError        (+ RuntimeError) a user callable failed while running;
-│                                                 names the step, chains the cause
+│   │                                             names the step, chains the cause
+│   │                                             (alias: BytewaxRuntimeError)
+│   └── FlowsparkRuntimeTypeError (+ TypeError)  ... and the cause is a TypeError
+│                                                 (e.g. a non-str key before a stateful step)
 ├── RecoveryError                (+ ValueError)  recovery store missing or inconsistent
-│   ├── NoPartitionsError
-│   ├── MissingPartitionsError
+│   ├── NoPartitionsError        (+ FileNotFoundError)
+│   ├── MissingPartitionsError   (+ FileNotFoundError)
 │   └── InconsistentPartitionsError
+├── SingleWorkerError            (+ ValueError)  more than one worker asked of the in-memory executor
 └── ImportStrError               (+ ValueError)  a CLI import string did not resolve
 ```
+
+Runtimes wrap an exception raised inside a step with `step_error`, which picks
+`FlowsparkRuntimeTypeError` for a `TypeError`, so `pytest.raises(TypeError)`
+in a test ported from Bytewax (which raises a bare `TypeError` for a bad key)
+catches flowspark's error too.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
+
+__all__ = [
+    "BytewaxRuntimeError",
+    "DuplicateStepError",
+    "FlowsparkBuildError",
+    "FlowsparkCompileError",
+    "FlowsparkError",
+    "FlowsparkRuntimeError",
+    "FlowsparkRuntimeTypeError",
+    "FlowsparkTypeError",
+    "ImportStrError",
+    "InconsistentPartitionsError",
+    "IncompleteDataflowError",
+    "MissingPartitionsError",
+    "NoPartitionsError",
+    "RecoveryError",
+    "SingleWorkerError",
+    "step_error",
+]
 
 
 class FlowsparkError(Exception):
@@ -48,8 +78,10 @@ class FlowsparkCompileError(FlowsparkError, ValueError):
 class FlowsparkRuntimeError(FlowsparkError, RuntimeError):
     """A user callable failed while the dataflow ran.
 
-    Every runtime words it the same way (`from_error`):
+    Every runtime words it the same way (`step_error`):
     `error in step 'flow.step' for key 'k': KeyError: 'user'`.
+    `flowspark.errors.BytewaxRuntimeError` is this class, so a test ported from
+    Bytewax that catches `BytewaxRuntimeError` catches it.
 
     Attributes:
         step_id: The fully qualified id of the step that failed.
@@ -81,10 +113,6 @@ class FlowsparkRuntimeError(FlowsparkError, RuntimeError):
         self.exc_type = exc_type
         self.exc_message = exc_message
 
-    def __reduce__(self) -> Any:
-        """Pickle with every attribute (errors travel from Spark workers)."""
-        return (type(self), (self.step_id, str(self), self.key, self.exc_type, self.exc_message))
-
     @classmethod
     def describe(
         cls, step_id: str, exc_type: str, exc_message: str, key: Optional[str] = None
@@ -103,46 +131,116 @@ class FlowsparkRuntimeError(FlowsparkError, RuntimeError):
         where = f"step {step_id!r}" if key is None else f"step {step_id!r} for key {key!r}"
         return cls(step_id, f"error in {where}: {exc_type}: {exc_message}", key, exc_type, exc_message)
 
-    @classmethod
-    def from_error(cls, step_id: str, error: BaseException, key: Optional[str] = None) -> FlowsparkRuntimeError:
-        """Wrap an exception raised by user code (or by a check of its result) in a step.
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle with every constructor argument (errors cross process boundaries on Spark)."""
+        return (type(self), (self.step_id, str(self), self.key, self.exc_type, self.exc_message), self.__dict__)
 
-        A `FlowsparkRuntimeError` is returned unchanged (it already names its step).
 
-        Args:
-            step_id: Fully qualified step id.
-            error: The exception.
-            key: The key being processed, if any.
+BytewaxRuntimeError = FlowsparkRuntimeError
+"""What `bytewax.errors.BytewaxRuntimeError` is in flowspark: the error a failing step raises."""
 
-        Returns:
-            The error, with `error` as its `__cause__`.
 
-        Example:
-            >>> str(FlowsparkRuntimeError.from_error("f.count", KeyError("user"), key="ann"))
-            "error in step 'f.count' for key 'ann': KeyError: 'user'"
-        """
-        if isinstance(error, FlowsparkRuntimeError):
-            return error
-        err = cls.describe(step_id, type(error).__name__, str(error), key)
-        err.__cause__ = error
-        return err
+class FlowsparkRuntimeTypeError(FlowsparkRuntimeError, TypeError):
+    """A step failed with a `TypeError` (a non-`str` key, an item that is not a pair...).
+
+    Bytewax raises a bare `TypeError` when a stateful step receives a non-`str`
+    key or an item that is not a `(key, value)` 2-tuple; this error is both a
+    `FlowsparkRuntimeError` (it names the step and chains the cause) and a
+    `TypeError`.
+    """
+
+
+class IncompleteDataflowError(FlowsparkBuildError, FlowsparkRuntimeError):
+    """The dataflow has no input step, or no output or inspect step.
+
+    Bytewax detects this when the flow starts running and raises a
+    `BytewaxRuntimeError` (caused by a `ValueError`); flowspark detects it in
+    `Dataflow.validate()`, which every runtime calls before it starts, and this
+    error is a `ValueError` as well as a `FlowsparkRuntimeError`
+    (`BytewaxRuntimeError`), so both ways of catching it work.
+
+    Attributes:
+        step_id: The dataflow's id.
+    """
 
 
 class RecoveryError(FlowsparkError, ValueError):
     """The recovery store is missing, incomplete or inconsistent."""
 
 
-class NoPartitionsError(RecoveryError):
-    """The recovery directory holds no partitions."""
+class NoPartitionsError(RecoveryError, FileNotFoundError):
+    """The recovery directory holds no partitions (also a `FileNotFoundError`, as in Bytewax)."""
 
 
-class MissingPartitionsError(RecoveryError):
-    """Some recovery partitions are missing."""
+class MissingPartitionsError(RecoveryError, FileNotFoundError):
+    """Some recovery partitions are missing (also a `FileNotFoundError`, as in Bytewax)."""
 
 
 class InconsistentPartitionsError(RecoveryError):
     """Recovery partitions disagree with each other."""
 
 
+class SingleWorkerError(FlowsparkError, ValueError):
+    """More than one worker was asked of the in-memory executor, which runs one.
+
+    Raised by `flowspark.testing.cluster_main`, `flowspark.run.cli_main` and
+    `python -m flowspark.run` for `-w N` (N > 1), `-i` or `-a`. Parallelism
+    comes from Spark: `flowspark run --runtime spark`,
+    `python -m flowspark.run --runtime spark -w N` or `flowspark submit`.
+    """
+
+
 class ImportStrError(FlowsparkError, ValueError):
     """An import string given on the command line did not resolve to a Dataflow."""
+
+
+def step_error(
+    step_id: str, exc: BaseException, message: Optional[str] = None, key: Optional[str] = None
+) -> FlowsparkRuntimeError:
+    """Wrap an exception raised inside a step into the error every runtime raises.
+
+    Every runtime wraps a failure of a step with this one function, so the
+    class and the message are the same everywhere: a `FlowsparkRuntimeTypeError`
+    (also a `TypeError`) when `exc` is a `TypeError`, else a
+    `FlowsparkRuntimeError`; `exc` is chained as `__cause__`. An `exc` that
+    already is a `FlowsparkRuntimeError` (wrapped by an inner step) is returned
+    unchanged.
+
+    Args:
+        step_id: Fully qualified id of the step that failed.
+        exc: What the step raised.
+        message: The error's message (default:
+            `"error in step '<step_id>'[ for key '<key>']: <exception type>: <exception message>"`).
+        key: The key whose logic failed (stateful steps).
+
+    Returns:
+        The error to raise (`raise step_error(sid, e) from e`).
+
+    Raises:
+        FlowsparkTypeError: `step_id` is not a `str` or `exc` is not an exception.
+
+    Example:
+        >>> err = step_error("flow.sum", TypeError("keys must be str; received 1"))
+        >>> isinstance(err, TypeError), isinstance(err, BytewaxRuntimeError)
+        (True, True)
+        >>> str(err)
+        "error in step 'flow.sum': TypeError: keys must be str; received 1"
+        >>> str(step_error("f.count", KeyError("user"), key="ann"))
+        "error in step 'f.count' for key 'ann': KeyError: 'user'"
+        >>> type(step_error("flow.div", ZeroDivisionError("division by zero"))).__name__
+        'FlowsparkRuntimeError'
+    """
+    if not isinstance(step_id, str):
+        msg = f"step_error: step_id must be a str; received {step_id!r} of type {type(step_id).__name__}"
+        raise FlowsparkTypeError(msg)
+    if not isinstance(exc, BaseException):
+        msg = f"step_error: exc must be an exception; received {exc!r} of type {type(exc).__name__}"
+        raise FlowsparkTypeError(msg)
+    if isinstance(exc, FlowsparkRuntimeError):
+        return exc
+    cls = FlowsparkRuntimeTypeError if isinstance(exc, TypeError) else FlowsparkRuntimeError
+    err = cls.describe(step_id, type(exc).__name__, str(exc), key)
+    if message is not None:
+        err = cls(step_id, message, key, err.exc_type, err.exc_message)
+    err.__cause__ = exc
+    return err

@@ -8,10 +8,12 @@ when nothing is ready) and raises `StopIteration` at end of input.
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import os
+import queue
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterable, Iterable, Iterator
 from datetime import datetime, timedelta
 from itertools import islice
 from pathlib import Path
@@ -37,6 +39,10 @@ __all__ = [
     "Source",
     "StatefulSourcePartition",
     "StatelessSourcePartition",
+    "batch",
+    "batch_async",
+    "batch_getter",
+    "batch_getter_ex",
 ]
 
 
@@ -299,6 +305,203 @@ def batch(ib: Iterable[X], batch_size: int) -> Iterator[list[X]]:
         if not chunk:
             return
         yield chunk
+
+
+def _check_size(fn: str, batch_size: Any) -> int:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        msg = f"{fn}: batch_size must be an int >= 1; received {batch_size!r}"
+        raise ValueError(msg)
+    return batch_size
+
+
+def _check_getter(fn: str, getter: Any) -> None:
+    if not callable(getter):
+        msg = f"{fn}: getter must be a function of no arguments; received {getter!r} of type {type(getter).__name__}"
+        raise FlowsparkTypeError(msg)
+
+
+def batch_getter(getter: Callable[[], X], batch_size: int, yield_on: Optional[X] = None) -> Iterator[list[X]]:
+    """Gather batches from a function that returns `yield_on` (default `None`) while nothing is ready.
+
+    Each batch calls `getter()` until it has `batch_size` items or `getter()`
+    returns `yield_on` (the batch is then cut short, possibly empty). When
+    `getter()` raises `StopIteration` the current batch (possibly empty) is the
+    last one. Use it in a partition's `next_batch`: `return next(self._batches)`.
+
+    Args:
+        getter: Called for each item; returns `yield_on` when no item is ready
+            yet and raises `StopIteration` at the end of the input.
+        batch_size: Most items per batch.
+        yield_on: The "nothing yet" value (compared with `!=`).
+
+    Returns:
+        An iterator of batches (lists).
+
+    Raises:
+        ValueError: `batch_size` is not an int >= 1.
+        FlowsparkTypeError: `getter` is not callable.
+
+    Example:
+        >>> feed = iter([1, 2, None, 3, 4, 5])
+        >>> list(batch_getter(lambda: next(feed), 2))
+        [[1, 2], [], [3, 4], [5]]
+    """
+    _check_getter("batch_getter", getter)
+    size = _check_size("batch_getter", batch_size)
+
+    def gen() -> Iterator[list[X]]:
+        while True:
+            chunk: list[X] = []
+            while len(chunk) < size:
+                try:
+                    item = getter()
+                except StopIteration:
+                    yield chunk
+                    return
+                if item != yield_on:
+                    chunk.append(item)
+                else:
+                    break
+            yield chunk
+
+    return gen()
+
+
+def batch_getter_ex(
+    getter: Callable[[], X], batch_size: int, yield_ex: type[BaseException] = queue.Empty
+) -> Iterator[list[X]]:
+    """Gather batches from a function that raises `yield_ex` (default `queue.Empty`) while nothing is ready.
+
+    Like `batch_getter`, but "nothing ready yet" is signalled by raising
+    `yield_ex`, so any value (also `None`) can be an item. Suits
+    `queue.Queue.get_nowait`.
+
+    Args:
+        getter: Called for each item; raises `yield_ex` when no item is ready
+            yet and `StopIteration` at the end of the input.
+        batch_size: Most items per batch.
+        yield_ex: The exception class that means "nothing yet".
+
+    Returns:
+        An iterator of batches (lists).
+
+    Raises:
+        ValueError: `batch_size` is not an int >= 1.
+        FlowsparkTypeError: `getter` is not callable or `yield_ex` is not an exception class.
+
+    Example:
+        >>> import queue
+        >>> q = queue.Queue()
+        >>> for x in (1, None, 3):
+        ...     q.put(x)
+        >>> batches = batch_getter_ex(q.get_nowait, 2)
+        >>> next(batches), next(batches), next(batches)
+        ([1, None], [3], [])
+    """
+    _check_getter("batch_getter_ex", getter)
+    size = _check_size("batch_getter_ex", batch_size)
+    if not (isinstance(yield_ex, type) and issubclass(yield_ex, BaseException)):
+        msg = f"batch_getter_ex: yield_ex must be an exception class such as queue.Empty; received {yield_ex!r}"
+        raise FlowsparkTypeError(msg)
+
+    def gen() -> Iterator[list[X]]:
+        while True:
+            chunk: list[X] = []
+            while len(chunk) < size:
+                try:
+                    chunk.append(getter())
+                except yield_ex:
+                    break
+                except StopIteration:
+                    yield chunk
+                    return
+            yield chunk
+
+    return gen()
+
+
+def batch_async(
+    aib: AsyncIterable[X],
+    timeout: timedelta,
+    batch_size: int,
+    loop: Optional[asyncio.AbstractEventLoop] = None,
+) -> Iterator[list[X]]:
+    """Read an async iterable in batches, waiting at most `timeout` for each batch.
+
+    A partition's `next_batch` must not block; this runs the async iterator on
+    an event loop for up to `timeout` per batch and returns what arrived (up to
+    `batch_size` items, possibly none). An item still on its way when the time
+    is up is not lost: it is awaited again for the next batch. When the async
+    iterator ends, the items gathered so far are the last batch.
+
+    Args:
+        aib: The async iterable (e.g. an async generator).
+        timeout: Longest wait for one batch.
+        batch_size: Most items per batch.
+        loop: Event loop to run on (default: a new one, used for every batch).
+
+    Returns:
+        An iterator of batches (lists).
+
+    Raises:
+        ValueError: `batch_size` is not an int >= 1 or `timeout` is negative.
+        FlowsparkTypeError: `aib` is not async iterable or `timeout` is not a `timedelta`.
+
+    Example:
+        >>> from datetime import timedelta
+        >>> async def numbers():
+        ...     for i in range(5):
+        ...         yield i
+        >>> list(batch_async(numbers(), timedelta(seconds=1), 2))
+        [[0, 1], [2, 3], [4]]
+    """
+    if not hasattr(aib, "__aiter__"):
+        msg = (
+            f"batch_async: aib must be an async iterable (an async generator or an object with "
+            f"__aiter__); received {aib!r} of type {type(aib).__name__}"
+        )
+        raise FlowsparkTypeError(msg)
+    if not isinstance(timeout, timedelta):
+        msg = f"batch_async: timeout must be a timedelta (e.g. timedelta(seconds=1)); received {timeout!r}"
+        raise FlowsparkTypeError(msg)
+    if timeout < timedelta(0):
+        msg = f"batch_async: timeout must not be negative; received {timeout!r}"
+        raise ValueError(msg)
+    size = _check_size("batch_async", batch_size)
+    ait = aib.__aiter__()
+    ev_loop = loop if loop is not None else asyncio.new_event_loop()
+    wait_secs = timeout.total_seconds()
+    pending: Optional[asyncio.Future[X]] = None
+
+    async def next_item() -> X:
+        return await ait.__anext__()
+
+    async def gather() -> tuple[list[X], bool]:
+        nonlocal pending
+        chunk: list[X] = []
+        deadline = ev_loop.time() + wait_secs
+        while len(chunk) < size:
+            if pending is None:
+                pending = ev_loop.create_task(next_item())
+            done, _ = await asyncio.wait({pending}, timeout=max(0.0, deadline - ev_loop.time()))
+            if not done:
+                break
+            task, pending = pending, None
+            try:
+                chunk.append(task.result())
+            except StopAsyncIteration:
+                return chunk, True
+        return chunk, False
+
+    def gen() -> Iterator[list[X]]:
+        while True:
+            chunk, ended = ev_loop.run_until_complete(gather())
+            if chunk or not ended:
+                yield chunk
+            if ended:
+                return
+
+    return gen()
 
 
 # -- built-in connectors: local files ------------------------------------------

@@ -1,48 +1,84 @@
-"""`python -m flowspark.run IMPORT_STR`: run a dataflow with the in-memory executor.
+"""`python -m flowspark.run IMPORT_STR`: run a dataflow, by default with the in-memory executor.
 
-Flags follow `python -m bytewax.run`:
+Flags and environment variables follow `python -m bytewax.run`; each flag
+also reads a `FLOWSPARK_*` variable, then the `BYTEWAX_*` one, so a Bytewax
+deployment's environment keeps working:
 
-| flag | env var | meaning |
-| --- | --- | --- |
-| `-s/--snapshot-interval SECS` | `FLOWSPARK_SNAPSHOT_INTERVAL` | epoch length (default 10 s) |
-| `-r/--recovery-directory DIR` | `FLOWSPARK_RECOVERY_DIRECTORY` | resume from / snapshot to this store |
-| `-b/--backup-interval SECS` | `FLOWSPARK_RECOVERY_BACKUP_INTERVAL` | kept in `RecoveryConfig` |
+- `-s/--snapshot-interval SECS`: epoch length (default 10 s).
+  Env: `FLOWSPARK_SNAPSHOT_INTERVAL`, `BYTEWAX_SNAPSHOT_INTERVAL`.
+- `-r/--recovery-directory DIR`: resume from / snapshot to this store.
+  Env: `FLOWSPARK_RECOVERY_DIRECTORY`, `BYTEWAX_RECOVERY_DIRECTORY`.
+- `-b/--backup-interval SECS`: kept in the `RecoveryConfig`.
+  Env: `FLOWSPARK_RECOVERY_BACKUP_INTERVAL`, `BYTEWAX_RECOVERY_BACKUP_INTERVAL`.
+- `-w/--workers-per-process N`: workers (see below).
+  Env: `FLOWSPARK_WORKERS_PER_PROCESS`, `BYTEWAX_WORKERS_PER_PROCESS`.
+- `-i/--process-id N`: this process's index in `-a`.
+  Env: `FLOWSPARK_PROCESS_ID`, `BYTEWAX_PROCESS_ID`, or `BYTEWAX_POD_NAME`
+  minus the prefix `"$BYTEWAX_STATEFULSET_NAME-"` (Bytewax's Helm chart).
+- `-a/--addresses "host:port;host:port"`: every process of the cluster.
+  Env: `FLOWSPARK_ADDRESSES`, `BYTEWAX_ADDRESSES`, or (with `-i`) the lines of
+  the file `BYTEWAX_HOSTFILE_PATH`.
+- `--runtime local|spark`: the in-memory executor (default) or Apache Spark
+  on this machine.
+
+A flag wins over the environment; of the variables the first one set wins.
 
 `IMPORT_STR` is `module[:attr]` or `path/file.py[:attr]`; `attr` defaults to
 `flow` and may be a factory call with literal arguments, e.g.
 `python -m flowspark.run "flows/wc.py:get_flow('in.txt', n=2)"`. Create a
 recovery store first with `python -m flowspark.recovery DIR 1`.
 
+Workers: the in-memory executor runs one worker in one process. `-w 1`, and
+`-a` with a single address (with `-i 0`), describe exactly that and run.
+`-w N` with N > 1 needs `--runtime spark`, which runs the flow on local Spark
+with N cores (master `local[N]`; without `-w`, `local[*]`). A cluster of
+several processes (`-a` with more than one address) is Spark's job:
+`flowspark submit IMPORT_STR --master spark://HOST:PORT`. Recovery flags
+(`-r/-s/-b`) belong to the in-memory executor; on Spark, state lives in a
+streaming checkpoint (`flowspark run IMPORT_STR --runtime spark --checkpoint DIR`).
 Unlike Bytewax, `-s` and `-b` are optional with `-r` (the in-memory executor
-needs no backup coordination); the local executor has one worker, so Bytewax's
-`-w/-i/-a` scaling flags do not exist here.
+needs no backup coordination).
+
+Bytewax 0.21.1's `bytewax.run` reads no other environment variables (there is
+no `BYTEWAX_EPOCH_INTERVAL` or `BYTEWAX_DATAFLOW`), and neither does this
+module.
 
 Problems with the command line itself (a bad import string, a missing module,
 file or attribute, an object that is not a Dataflow, a flow without input or
-output, a missing recovery store) print one line on stderr and exit with 1.
-An exception raised by the dataflow's own code shows its traceback.
+output, a missing recovery store, more workers than the runtime can give)
+print one line on stderr and exit with 1; a value that does not parse is a
+usage error (exit 2). An exception raised by the dataflow's own code shows its
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
-__all__ = ["main"]
+from flowspark._args import IMPORT_HELP
+from flowspark.errors import FlowsparkTypeError, SingleWorkerError
+
+__all__ = ["cli_main", "main"]
 
 ENV_SNAPSHOT_INTERVAL = "FLOWSPARK_SNAPSHOT_INTERVAL"
 ENV_RECOVERY_DIRECTORY = "FLOWSPARK_RECOVERY_DIRECTORY"
 ENV_BACKUP_INTERVAL = "FLOWSPARK_RECOVERY_BACKUP_INTERVAL"
+ENV_WORKERS_PER_PROCESS = "FLOWSPARK_WORKERS_PER_PROCESS"
+ENV_PROCESS_ID = "FLOWSPARK_PROCESS_ID"
+ENV_ADDRESSES = "FLOWSPARK_ADDRESSES"
 
 _PROG = "python -m flowspark.run"
-_IMPORT_HELP = (
-    "dataflow import string: <module>[:<variable or factory call>] or <path/file.py>[:...]; "
-    "the attribute defaults to `flow`. Examples: src.dataflow, src.dataflow:flow, "
-    "flows/wc.py:get_flow('in.txt', n=2)"
+_log = logging.getLogger(__name__)
+_SPARK_HINT = (
+    "parallelism comes from Spark: `python -m flowspark.run IMPORT_STR --runtime spark -w N` or "
+    "`flowspark run IMPORT_STR --runtime spark` (local cores), `flowspark submit IMPORT_STR "
+    "--master spark://HOST:PORT` (a cluster)"
 )
 
 
@@ -58,6 +94,48 @@ def _seconds(text: str) -> timedelta:
     return timedelta(seconds=secs)
 
 
+def _count(least: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            msg = f"{text!r} is not a whole number"
+            raise argparse.ArgumentTypeError(msg) from None
+        if n < least:
+            msg = f"{text!r} must be >= {least}"
+            raise argparse.ArgumentTypeError(msg)
+        return n
+
+    return parse
+
+
+def _addresses(text: str) -> list[str]:
+    addrs = [a.strip() for a in text.split(";") if a.strip()]
+    if not addrs:
+        msg = f"{text!r} lists no addresses; give 'host:port;host:port'"
+        raise argparse.ArgumentTypeError(msg)
+    return addrs
+
+
+# dest -> (flag, environment variables in order, parser)
+_ENV: dict[str, tuple[str, tuple[str, ...], Callable[[str], Any]]] = {
+    "snapshot_interval": ("-s/--snapshot-interval", (ENV_SNAPSHOT_INTERVAL, "BYTEWAX_SNAPSHOT_INTERVAL"), _seconds),
+    "backup_interval": (
+        "-b/--backup-interval",
+        (ENV_BACKUP_INTERVAL, "BYTEWAX_RECOVERY_BACKUP_INTERVAL"),
+        _seconds,
+    ),
+    "recovery_directory": ("-r/--recovery-directory", (ENV_RECOVERY_DIRECTORY, "BYTEWAX_RECOVERY_DIRECTORY"), Path),
+    "workers_per_process": (
+        "-w/--workers-per-process",
+        (ENV_WORKERS_PER_PROCESS, "BYTEWAX_WORKERS_PER_PROCESS"),
+        _count(1),
+    ),
+    "process_id": ("-i/--process-id", (ENV_PROCESS_ID, "BYTEWAX_PROCESS_ID"), _count(0)),
+    "addresses": ("-a/--addresses", (ENV_ADDRESSES, "BYTEWAX_ADDRESSES"), _addresses),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the argument parser (shared with the `flowspark` console script).
 
@@ -66,15 +144,25 @@ def build_parser() -> argparse.ArgumentParser:
     """
     parser = argparse.ArgumentParser(
         prog=_PROG,
-        description="Run a flowspark dataflow in this process with the in-memory executor.",
+        description="Run a flowspark dataflow in this process with the in-memory executor (or on local Spark).",
     )
-    parser.add_argument("import_str", metavar="IMPORT_STR", help=_IMPORT_HELP)
+    parser.add_argument("import_str", metavar="IMPORT_STR", help=IMPORT_HELP)
+
+    def env(dest: str) -> str:
+        return f"[env: {', '.join(_ENV[dest][1])}]"
+
     parser.add_argument(
         "-s",
         "--snapshot-interval",
         type=_seconds,
         metavar="SECS",
-        help=f"seconds between epochs (snapshots when recovering); default 10 [env: {ENV_SNAPSHOT_INTERVAL}]",
+        help=f"seconds between epochs (snapshots when recovering); default 10 {env('snapshot_interval')}",
+    )
+    parser.add_argument(
+        "--runtime",
+        choices=["local", "spark"],
+        default="local",
+        help="local: the in-memory executor (default, one worker); spark: Apache Spark on this machine",
     )
     rec = parser.add_argument_group("Recovery", "Create the store first with `python -m flowspark.recovery DIR 1`.")
     rec.add_argument(
@@ -82,36 +170,279 @@ def build_parser() -> argparse.ArgumentParser:
         "--recovery-directory",
         type=Path,
         metavar="DIR",
-        help=f"recovery store to resume from and snapshot to [env: {ENV_RECOVERY_DIRECTORY}]",
+        help=f"recovery store to resume from and snapshot to {env('recovery_directory')}",
     )
     rec.add_argument(
         "-b",
         "--backup-interval",
         type=_seconds,
         metavar="SECS",
-        help=f"seconds to keep older snapshots (recorded in the RecoveryConfig) [env: {ENV_BACKUP_INTERVAL}]",
+        help=f"seconds to keep older snapshots (recorded in the RecoveryConfig) {env('backup_interval')}",
+    )
+    scale = parser.add_argument_group(
+        "Scaling",
+        "The in-memory executor runs one worker; with --runtime spark, -w N runs on local Spark with N cores. "
+        "Clusters run with `flowspark submit`.",
+    )
+    scale.add_argument(
+        "-w",
+        "--workers-per-process",
+        type=_count(1),
+        metavar="N",
+        help=f"workers: 1 in memory; N local Spark cores with --runtime spark {env('workers_per_process')}",
+    )
+    scale.add_argument(
+        "-i",
+        "--process-id",
+        type=_count(0),
+        metavar="N",
+        help=f"this process's index in -a (only 0 of a single address here) {env('process_id')}",
+    )
+    scale.add_argument(
+        "-a",
+        "--addresses",
+        type=_addresses,
+        metavar="'HOST:PORT;...'",
+        help=f"addresses of the processes (a single one here; clusters: flowspark submit) {env('addresses')}",
     )
     return parser
 
 
-def _env_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _env_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """Fill unset flags from the environment; return the variable each such value came from."""
     env = os.environ
-    for dest, var, conv in (
-        ("snapshot_interval", ENV_SNAPSHOT_INTERVAL, _seconds),
-        ("backup_interval", ENV_BACKUP_INTERVAL, _seconds),
-        ("recovery_directory", ENV_RECOVERY_DIRECTORY, Path),
-    ):
-        raw = env.get(var)
-        if getattr(args, dest) is not None or raw is None or raw == "":
+    origin: dict[str, str] = {}
+    for dest, (_flag, names, conv) in _ENV.items():
+        if getattr(args, dest) is not None:
             continue
+        for var in names:
+            raw = env.get(var)
+            if raw is None or raw == "":
+                continue
+            try:
+                setattr(args, dest, conv(raw))
+            except argparse.ArgumentTypeError as e:
+                parser.error(f"environment variable {var}: {e}")
+            origin[dest] = var
+            break
+    # Bytewax's Helm chart names the process by its pod: "<statefulset>-<index>".
+    pod, sts = env.get("BYTEWAX_POD_NAME"), env.get("BYTEWAX_STATEFULSET_NAME")
+    if args.process_id is None and pod and sts:
+        index = pod.replace(f"{sts}-", "")
         try:
-            setattr(args, dest, conv(raw))
-        except argparse.ArgumentTypeError as e:
-            parser.error(f"environment variable {var}: {e}")
+            args.process_id = _count(0)(index)
+        except argparse.ArgumentTypeError:
+            parser.error(
+                f"environment variables BYTEWAX_POD_NAME={pod!r} and BYTEWAX_STATEFULSET_NAME={sts!r}: "
+                f"the pod name must be '<statefulset name>-<index>'"
+            )
+        origin["process_id"] = "BYTEWAX_POD_NAME"
+    hostfile = env.get("BYTEWAX_HOSTFILE_PATH")
+    if args.process_id is not None and args.addresses is None and hostfile:
+        try:
+            text = Path(hostfile).read_text()
+        except OSError as e:
+            parser.error(f"environment variable BYTEWAX_HOSTFILE_PATH: cannot read {hostfile!r}: {e.strerror}")
+        args.addresses = [line.strip() for line in text.splitlines() if line.strip()]
+        origin["addresses"] = f"BYTEWAX_HOSTFILE_PATH={hostfile}"
+    return origin
 
 
 def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
+
+
+def _check_int(fn: str, name: str, value: Any, least: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        msg = f"{fn}: {name} must be an int; received {value!r} of type {type(value).__name__}"
+        raise FlowsparkTypeError(msg)
+    if value < least:
+        msg = f"{fn}: {name} must be >= {least}; received {value!r}"
+        raise ValueError(msg)
+    return value
+
+
+def one_worker(fn: str, *, workers: Any, workers_name: str, process_id: Any, pid_name: str, addresses: Any) -> None:
+    """Check that a Bytewax worker layout is the single worker of the in-memory executor.
+
+    Shared by `cli_main` and `flowspark.testing.cluster_main`.
+
+    Args:
+        fn: The caller's name, for messages.
+        workers: Workers per process.
+        workers_name: That argument's name.
+        process_id: This process's index in `addresses`, or `None`.
+        pid_name: That argument's name.
+        addresses: The processes' addresses, or `None`.
+
+    Raises:
+        SingleWorkerError: More than one worker or process.
+        FlowsparkTypeError: A value of the wrong type.
+        ValueError: A count out of range, or `process_id` without `addresses` or not an index of them.
+    """
+    workers = _check_int(fn, workers_name, workers, 1)
+    if addresses is not None:
+        if isinstance(addresses, str) or not all(isinstance(a, str) for a in addresses):
+            msg = f"{fn}: addresses must be a list of 'host:port' strings; received {addresses!r}"
+            raise FlowsparkTypeError(msg)
+        addresses = list(addresses)
+    procs = len(addresses) if addresses else 1
+    if process_id is not None:
+        process_id = _check_int(fn, pid_name, process_id, 0)
+        if addresses is None:
+            msg = f"{fn}: {pid_name}={process_id} needs addresses (the list of every process's 'host:port')"
+            raise ValueError(msg)
+        if process_id >= procs:
+            msg = f"{fn}: process id {process_id} is not an index of the {procs} address(es) {addresses!r}"
+            raise ValueError(msg)
+    if procs * workers > 1:
+        msg = (
+            f"{fn}: the in-memory executor runs one worker; received {procs} process(es) x {workers} "
+            f"worker(s) per process; {_SPARK_HINT}"
+        )
+        raise SingleWorkerError(msg)
+
+
+def cli_main(
+    flow: Any,
+    *,
+    workers_per_process: int = 1,
+    process_id: Optional[int] = None,
+    addresses: Optional[list[str]] = None,
+    epoch_interval: Optional[timedelta] = None,
+    recovery_config: Any = None,
+) -> None:
+    """Run a dataflow as `python -m flowspark.run` does (Bytewax's `bytewax.run.cli_main`).
+
+    The in-memory executor runs one worker: the call runs the flow with
+    `flowspark.testing.run_main` when the arguments describe exactly one worker
+    (`workers_per_process=1` and no `addresses`, or a single address with
+    `process_id` 0 or `None`) and raises `SingleWorkerError` otherwise; run on
+    Spark for parallelism (`flowspark run --runtime spark`, `flowspark submit`).
+
+    Args:
+        flow: The `Dataflow`.
+        workers_per_process: Workers in this process; must be 1.
+        process_id: This process's index in `addresses`.
+        addresses: Every process's `"host:port"`; at most one.
+        epoch_interval: Time between epochs (snapshots); default 10 s.
+        recovery_config: A `flowspark.recovery.RecoveryConfig`, or `None`.
+
+    Raises:
+        SingleWorkerError: More than one worker or process was asked for (a `ValueError`).
+        ValueError: `process_id` without `addresses`, or not an index of them.
+        FlowsparkTypeError: An argument of the wrong type.
+        FlowsparkRuntimeError: A step failed (as for `run_main`).
+
+    Example:
+        >>> import flowspark.operators as op
+        >>> from flowspark.dataflow import Dataflow
+        >>> from flowspark.testing import TestingSource
+        >>> flow = Dataflow("eg")
+        >>> _ = op.inspect("show", op.input("inp", flow, TestingSource([1, 2])))
+        >>> cli_main(flow)
+        eg.show: 1
+        eg.show: 2
+        >>> cli_main(flow, workers_per_process=2)
+        Traceback (most recent call last):
+        ...
+        flowspark.errors.SingleWorkerError: cli_main: the in-memory executor runs one worker; ...
+    """
+    from flowspark.runtime.local import run_main
+
+    one_worker(
+        "cli_main",
+        workers=workers_per_process,
+        workers_name="workers_per_process",
+        process_id=process_id,
+        pid_name="process_id",
+        addresses=addresses,
+    )
+    _log.info("running dataflow %r with the in-memory executor (1 worker)", getattr(flow, "flow_id", flow))
+    run_main(flow, epoch_interval=epoch_interval, recovery_config=recovery_config)
+
+
+class _CliError(Exception):
+    """A problem with the command line, reported on one line (exit code 1)."""
+
+
+def _check_scaling(args: argparse.Namespace, origin: dict[str, str]) -> None:
+    def src(dest: str) -> str:
+        """The flag and its value as given, e.g. `-w/--workers-per-process 4 (from BYTEWAX_WORKERS_PER_PROCESS)`."""
+        value = getattr(args, dest)
+        if isinstance(value, list):
+            text = ";".join(value)
+        elif isinstance(value, timedelta):
+            text = f"{value.total_seconds():g}"
+        else:
+            text = str(value)
+        var = origin.get(dest)
+        return f"{_ENV[dest][0]} {text}" + (f" (from {var})" if var else "")
+
+    if args.runtime == "spark":
+        cluster = [src(d) for d in ("process_id", "addresses") if getattr(args, d) is not None]
+        if cluster:
+            msg = (
+                f"{' and '.join(cluster)}: on Spark the cluster is Spark's; run a cluster with `flowspark submit "
+                f"{args.import_str} --master spark://HOST:PORT`, or use -w N for N local cores"
+            )
+            raise _CliError(msg)
+        recovery = [
+            src(d)
+            for d in ("recovery_directory", "snapshot_interval", "backup_interval")
+            if getattr(args, d) is not None
+        ]
+        if recovery:
+            msg = (
+                f"{' and '.join(recovery)}: recovery flags are for the in-memory executor; on Spark, state is kept "
+                f"in a streaming checkpoint: `flowspark run {args.import_str} --runtime spark --checkpoint DIR`"
+            )
+            raise _CliError(msg)
+        return
+    workers = args.workers_per_process or 1
+    addresses = args.addresses
+    if args.process_id is not None and addresses is None:
+        msg = (
+            f"{src('process_id')} needs -a/--addresses (as in Bytewax); the in-memory executor "
+            f"runs one process: drop -i, or run a cluster with `flowspark submit {args.import_str} "
+            "--master spark://HOST:PORT`"
+        )
+        raise _CliError(msg)
+    if addresses is not None and len(addresses) > 1:
+        msg = (
+            f"{src('addresses')} lists {len(addresses)} processes; the in-memory executor runs one process; "
+            f"run a cluster on Spark with `flowspark submit {args.import_str} --master spark://HOST:PORT`"
+        )
+        raise _CliError(msg)
+    if args.process_id not in (None, 0):
+        msg = f"{src('process_id')} is not an index of the single address {addresses[0]!r} (use 0)"
+        raise _CliError(msg)
+    if workers > 1:
+        msg = (
+            f"{src('workers_per_process')}: the in-memory executor runs one worker; add "
+            f"`--runtime spark` to run on local Spark with {workers} cores (master local[{workers}]), or use "
+            f"`flowspark submit` for a cluster"
+        )
+        raise _CliError(msg)
+
+
+def _run_spark(args: argparse.Namespace) -> int:
+    """Run on local Spark through the `flowspark run` command (same plan, progress and error lines)."""
+    from flowspark import cli
+
+    argv = ["run", args.import_str, "--runtime", "spark"]
+    if args.workers_per_process is not None:
+        argv += ["--master", f"local[{args.workers_per_process}]"]
+    cargs = cli.build_parser().parse_args(argv)
+    _log.info("running %s on local Spark, master %s", args.import_str, cargs.master or "local[*]")
+    try:
+        return cli._cmd_run(cargs)
+    except Exception as e:
+        line = cli._error_line(e)
+        if line is None:
+            raise
+        print(f"{_PROG}: error: {line}", file=sys.stderr)
+        return 1
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -126,16 +457,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     from flowspark._importstr import locate_dataflow
     from flowspark.errors import FlowsparkBuildError, ImportStrError, RecoveryError
     from flowspark.recovery import RecoveryConfig
-    from flowspark.runtime.local import run_main
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    _env_defaults(parser, args)
+    origin = _env_defaults(parser, args)
 
     def fail(err: BaseException) -> int:
         print(f"{_PROG}: error: {_one_line(err)}", file=sys.stderr)
         return 1
 
+    try:
+        _check_scaling(args, origin)
+    except _CliError as e:
+        return fail(e)
+    if args.runtime == "spark":
+        try:
+            return _run_spark(args)
+        except KeyboardInterrupt:
+            print(f"{_PROG}: interrupted", file=sys.stderr)
+            return 130
     try:
         flow = locate_dataflow(args.import_str)
         flow.validate()
@@ -145,8 +485,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.recovery_directory is not None:
         recovery = RecoveryConfig(args.recovery_directory, args.backup_interval)
     try:
-        run_main(flow, epoch_interval=args.snapshot_interval, recovery_config=recovery)
-    except RecoveryError as e:
+        cli_main(
+            flow,
+            workers_per_process=args.workers_per_process or 1,
+            process_id=args.process_id,
+            addresses=args.addresses,
+            epoch_interval=args.snapshot_interval,
+            recovery_config=recovery,
+        )
+    except (RecoveryError, SingleWorkerError) as e:
         return fail(e)
     except KeyboardInterrupt:
         print(f"{_PROG}: interrupted", file=sys.stderr)

@@ -17,6 +17,7 @@ assert out == [("a", 1), ("b", 1), ("a", 2)]
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from flowspark.inputs import (
     StatelessSourcePartition,
 )
 from flowspark.outputs import DriverSink, StatelessSinkPartition
+from flowspark.recovery import RecoveryConfig
 from flowspark.runtime.local import run_main
 
 X = TypeVar("X")
@@ -44,6 +46,7 @@ __all__ = [
     "TestingSink",
     "TestingSource",
     "TimeTestingGetter",
+    "cluster_main",
     "ffwd_iter",
     "per_key",
     "poll_next_batch",
@@ -265,6 +268,69 @@ class TestingSink(DriverSink[X]):
     @override
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _ListSinkPartition[X]:
         return _ListSinkPartition(self.ls)
+
+
+def cluster_main(
+    flow: Any,
+    addresses: list[str],
+    proc_id: int,
+    *,
+    epoch_interval: Optional[timedelta] = None,
+    recovery_config: Optional[RecoveryConfig] = None,
+    worker_count_per_proc: int = 1,
+) -> None:
+    """Run a dataflow as one process of a cluster (Bytewax's `cluster_main`), here: the one worker.
+
+    The in-memory executor runs one worker in one process, so this runs the
+    flow with `run_main` when the arguments describe exactly that cluster: no
+    address or a single one, `proc_id` 0 and `worker_count_per_proc` 1 (what
+    Bytewax's docs use for a local run: `cluster_main(flow, [], 0)`). Any
+    larger cluster raises `SingleWorkerError` instead of running a part of the
+    flow: run it on Spark (`flowspark run IMPORT_STR --runtime spark` on local
+    cores, `flowspark submit` on a cluster).
+
+    Args:
+        flow: The `Dataflow`.
+        addresses: Every process's `"host:port"` (at most one here).
+        proc_id: This process's index in `addresses` (0 here).
+        epoch_interval: Time between epochs (snapshots); default 10 s.
+        recovery_config: Snapshot state to this store and resume from it.
+        worker_count_per_proc: Workers per process (1 here).
+
+    Raises:
+        SingleWorkerError: The arguments describe more than one worker (a `ValueError`).
+        ValueError: `proc_id` is not an index of `addresses`, or a count is out of range.
+        FlowsparkTypeError: An argument of the wrong type.
+        FlowsparkRuntimeError: A step failed (as for `run_main`).
+
+    Example:
+        >>> import flowspark.operators as op
+        >>> from flowspark.dataflow import Dataflow
+        >>> flow = Dataflow("eg")
+        >>> out = []
+        >>> op.output("out", op.input("inp", flow, TestingSource(range(3))), TestingSink(out))
+        >>> cluster_main(flow, [], 0)
+        >>> out
+        [0, 1, 2]
+        >>> cluster_main(flow, ["localhost:2101", "localhost:2102"], 0)
+        Traceback (most recent call last):
+        ...
+        flowspark.errors.SingleWorkerError: cluster_main: the in-memory executor runs one worker; ...
+    """
+    from flowspark.run import one_worker
+
+    one_worker(
+        "cluster_main",
+        workers=worker_count_per_proc,
+        workers_name="worker_count_per_proc",
+        process_id=proc_id,
+        pid_name="proc_id",
+        addresses=list(addresses) if isinstance(addresses, (list, tuple)) else addresses,
+    )
+    logging.getLogger(__name__).info(
+        "running dataflow %r with the in-memory executor (1 worker)", getattr(flow, "flow_id", flow)
+    )
+    run_main(flow, epoch_interval=epoch_interval, recovery_config=recovery_config)
 
 
 def poll_next_batch(

@@ -1,10 +1,11 @@
-"""`python -m flowspark.visualize IMPORT_STR [-o mermaid|json] [-r]`: print a dataflow's structure.
+"""`python -m flowspark.visualize IMPORT_STR [-o mermaid|json|plantuml] [-r]`: print a dataflow's structure.
 
 By default the diagram shows the operators the user called (the top level of
 the operator tree) and the streams between them. With `-r/--recursive` it
 shows the core steps runtimes execute, nested in the composite operators that
 created them. `mermaid` prints a Mermaid flowchart (paste it into any Mermaid
-renderer); `json` prints the steps and streams for tools.
+renderer), `plantuml` a PlantUML component diagram (`plantuml -tsvg`);
+`json` prints the steps and streams for tools.
 
 The JSON document:
 
@@ -31,7 +32,7 @@ from typing import Any, Optional
 from flowspark import ir
 from flowspark.dataflow import Dataflow
 
-__all__ = ["main", "to_json", "to_mermaid"]
+__all__ = ["main", "to_json", "to_mermaid", "to_plantuml"]
 
 _PROG = "python -m flowspark.visualize"
 
@@ -220,6 +221,72 @@ def to_mermaid(flow: Dataflow, recursive: bool = False) -> str:
     return "\n".join(lines)
 
 
+def _puml_label(text: str) -> str:
+    return '"' + text.replace('"', "'") + '"'
+
+
+def to_plantuml(flow: Dataflow, recursive: bool = False) -> str:
+    """Draw a dataflow as a PlantUML component diagram.
+
+    Each step is a component aliased `s0`, `s1` ... and labelled with its full
+    step id and operator (`"eg.double (map)"`); arrows are streams, labelled
+    with the port name. With `recursive`, composite operators become
+    components that contain their sub-steps, and the arrows connect core steps.
+
+    Args:
+        flow: The dataflow.
+        recursive: Nest the sub-steps of composite operators.
+
+    Returns:
+        PlantUML source (`@startuml` ... `@enduml`).
+
+    Example:
+        >>> import flowspark.operators as op
+        >>> from flowspark.testing import TestingSource, TestingSink
+        >>> flow = Dataflow("eg")
+        >>> s = op.map("double", op.input("inp", flow, TestingSource([1])), lambda x: 2 * x)
+        >>> op.output("out", s, TestingSink([]))
+        >>> print(to_plantuml(flow))
+        @startuml
+        title eg (Dataflow)
+        component "eg.inp (input)" as s0
+        component "eg.double (map)" as s1
+        component "eg.out (output)" as s2
+        s0 --> s1 : down
+        s1 --> s2 : down
+        @enduml
+    """
+    model = _Model(flow, recursive)
+    ids: dict[str, str] = {}
+    lines = ["@startuml", f"title {model.flow_id} (Dataflow)"]
+    groups = 0
+
+    def emit(step: _Step, depth: int) -> None:
+        nonlocal groups
+        pad = "  " * depth
+        label = _puml_label(f"{step.step_id} ({step.op})")
+        if recursive and step.substeps:
+            gid = f"g{groups}"
+            groups += 1
+            lines.append(f"{pad}component {label} as {gid} {{")
+            for sub in step.substeps:
+                emit(sub, depth + 1)
+            lines.append(f"{pad}}}")
+            return
+        sid = f"s{len(ids)}"
+        ids[step.step_id] = sid
+        lines.append(f"{pad}component {label} as {sid}")
+
+    for step in model.steps:
+        emit(step, 0)
+    for edge in model.edges:
+        for dst in edge.dsts:
+            if edge.src in ids and dst in ids:
+                lines.append(f"{ids[edge.src]} --> {ids[dst]} : {edge.port}")
+    lines.append("@enduml")
+    return "\n".join(lines)
+
+
 def _safe(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in text)
 
@@ -230,16 +297,16 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The parser.
     """
-    from flowspark.run import _IMPORT_HELP
+    from flowspark._args import IMPORT_HELP
 
     parser = argparse.ArgumentParser(prog=_PROG, description="Print the structure of a flowspark dataflow.")
-    parser.add_argument("import_str", metavar="IMPORT_STR", help=_IMPORT_HELP)
+    parser.add_argument("import_str", metavar="IMPORT_STR", help=IMPORT_HELP)
     parser.add_argument(
         "-o",
         "--output-format",
-        choices=["mermaid", "json"],
+        choices=["mermaid", "json", "plantuml"],
         default="mermaid",
-        help="mermaid flowchart (default) or JSON of steps and streams",
+        help="mermaid flowchart (default), JSON of steps and streams, or a PlantUML component diagram",
     )
     parser.add_argument(
         "-r",
@@ -270,6 +337,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 1
     if args.output_format == "json":
         print(to_json(flow, args.recursive))
+    elif args.output_format == "plantuml":
+        print(to_plantuml(flow, args.recursive))
     else:
         print(to_mermaid(flow, args.recursive))
     return 0

@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, Callable, Optional
 
-from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError
+from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
 from flowspark.logic import StatefulBatchLogic, wants_notify
 
 __all__ = [
@@ -116,7 +116,7 @@ class StepDriver:
     """Drives the logics of one stateful step, key by key.
 
     Every method that calls user code wraps what it raises (or a malformed
-    return value) into `FlowsparkRuntimeError.from_error(step_id, error, key)`.
+    return value) into `flowspark.errors.step_error`.
 
     Args:
         step_id: The step's fully qualified id.
@@ -135,7 +135,7 @@ class StepDriver:
 
     # -- one hook at a time ----------------------------------------------------
     def fail(self, key: Optional[str], error: BaseException) -> FlowsparkRuntimeError:
-        """Wrap `error` raised for `key` (see `FlowsparkRuntimeError.from_error`).
+        """Wrap `error` raised for `key` (see `flowspark.errors.step_error`).
 
         Args:
             key: The key.
@@ -144,7 +144,7 @@ class StepDriver:
         Returns:
             The error to raise.
         """
-        return FlowsparkRuntimeError.from_error(self.step_id, error, key)
+        return step_error(self.step_id, error, key=key)
 
     def build(self, key: str, state: Any = None) -> StatefulBatchLogic[Any, Any, Any]:
         """Build a key's logic, fresh (`state=None`) or resumed from a snapshot.

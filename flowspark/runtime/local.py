@@ -28,7 +28,13 @@ from typing import Any, Callable, Optional
 
 from flowspark import ir
 from flowspark._time import use_clock, utc_now
-from flowspark.errors import FlowsparkCompileError, FlowsparkError, FlowsparkRuntimeError, FlowsparkTypeError
+from flowspark.errors import (
+    FlowsparkCompileError,
+    FlowsparkError,
+    FlowsparkRuntimeError,
+    FlowsparkTypeError,
+    step_error,
+)
 from flowspark.inputs import (
     AbortExecution,
     DynamicSource,
@@ -51,7 +57,7 @@ class _Abort(Exception):  # noqa: N818
 
 
 def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
-    return FlowsparkRuntimeError.from_error(step_id, ex)
+    return step_error(step_id, ex)
 
 
 class LogicalClock:
@@ -357,6 +363,9 @@ class _StatefulRt(_Rt):
         self.up = node.up
         self.down = node.down
         self.driver = StepDriver(node.step_id, node.builder)
+        # The IR says whether this step's logics can ask for a notification at all
+        # (`stateful_map`, `fold_final`, ... cannot): then nothing is ever scheduled.
+        self.notifies = node.notifies
         self.logics: dict[str, StatefulBatchLogic[Any, Any, Any]] = {}
         self.sched: dict[str, datetime] = {}
         self.heap: list[tuple[datetime, str]] = []
@@ -399,8 +408,9 @@ class _StatefulRt(_Rt):
                 for key in list(self.logics):
                     touched[key] = None
                     self._emit(key, driver.eof(key, self.logics[key]), out)
-            for key in touched:
-                self._schedule(key)
+            if self.notifies:
+                for key in touched:
+                    self._schedule(key)
         if self.track:
             self.touched_epoch.update(touched)
         if out:

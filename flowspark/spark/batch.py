@@ -15,7 +15,13 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
-from flowspark.errors import FlowsparkCompileError, FlowsparkError, FlowsparkRuntimeError, FlowsparkTypeError
+from flowspark.errors import (
+    FlowsparkCompileError,
+    FlowsparkError,
+    FlowsparkRuntimeError,
+    FlowsparkTypeError,
+    step_error,
+)
 from flowspark.spark.codec import HEAD_LEN, decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
 from flowspark.spark.worker import dict_rows, no_gc, not_dict_error, stage_function
@@ -27,7 +33,7 @@ _IN_SCHEMA = "k string, seq binary, v binary"
 
 
 def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
-    return FlowsparkRuntimeError.from_error(step_id, ex)
+    return step_error(step_id, ex)
 
 
 def describe_stage(st: StagePlan) -> str:

@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 import cloudpickle
 
-from flowspark.errors import FlowsparkRuntimeError
+from flowspark.errors import FlowsparkRuntimeError, FlowsparkRuntimeTypeError
 from flowspark.runtime.driver import EOF_BASE, EOF_HEADER, HEAD_LEN, idx
 
 __all__ = [
@@ -180,7 +180,7 @@ def encode_task_error(fail: FlowsparkRuntimeError) -> str:
     """Encode a step failure into a marker that survives Spark's exception chain.
 
     Args:
-        fail: The failure (`FlowsparkRuntimeError.from_error`), its cause the user's exception.
+        fail: The failure (`flowspark.errors.step_error`), its cause the user's exception.
 
     Returns:
         A message carrying the marker.
@@ -194,7 +194,7 @@ def encode_task_error(fail: FlowsparkRuntimeError) -> str:
         blob = None
     exc_type = fail.exc_type if fail.exc_type is not None else type(fail).__name__
     exc_message = fail.exc_message if fail.exc_message is not None else str(fail)
-    payload = pickle.dumps((fail.step_id, fail.key, exc_type, exc_message, blob))
+    payload = pickle.dumps((fail.step_id, fail.key, exc_type, exc_message, blob, isinstance(fail, TypeError)))
     return f"{fail} FLOWSPARK_TASK_ERROR<<{base64.b64encode(payload).decode()}>>"
 
 
@@ -205,15 +205,18 @@ def decode_task_error(text: str) -> Optional[FlowsparkRuntimeError]:
         text: Any text (e.g. the message of a Py4J or PySpark exception).
 
     Returns:
-        A `FlowsparkRuntimeError` naming the step, with the original exception as
-        `__cause__` (when it could be unpickled) and attributes `exc_type` and
-        `exc_message` (the same text the in-memory executor gives); `None` when `text` holds no marker.
+        The error `step_error` made in the worker: a `FlowsparkRuntimeError` (a
+        `FlowsparkRuntimeTypeError` when the cause was a `TypeError`) naming the step
+        and key, with the original exception as `__cause__` (when it could be
+        unpickled) and attributes `exc_type` and `exc_message` (the same text the
+        in-memory executor gives); `None` when `text` holds no marker.
     """
     m = _MARK_RE.search(text)
     if m is None:
         return None
-    step_id, key, type_name, message, blob = pickle.loads(base64.b64decode(m.group(1)))
-    err = FlowsparkRuntimeError.describe(step_id, type_name, message, key)
+    step_id, key, type_name, message, blob, type_error = pickle.loads(base64.b64decode(m.group(1)))
+    cls = FlowsparkRuntimeTypeError if type_error else FlowsparkRuntimeError
+    err = cls.describe(step_id, type_name, message, key)
     if blob is not None:
         try:
             err.__cause__ = pickle.loads(blob)

@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any, Callable, Optional
 
 from flowspark._time import use_clock
-from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError
+from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
 from flowspark.operators import _all_pairs, _check_bool
 from flowspark.runtime.driver import HEAD_LEN, bad_item_error, drive_chain, idx
 from flowspark.spark.codec import dumps, encode_task_error, loads, loads_all, source_items
@@ -42,7 +42,7 @@ _IDX0 = idx(0)
 
 
 def _fail(step_id: str, error: BaseException) -> FlowsparkRuntimeError:
-    return FlowsparkRuntimeError.from_error(step_id, error)
+    return step_error(step_id, error)
 
 
 def _key_runs(batches: Iterator[Any], value_only: bool) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:

@@ -545,3 +545,13 @@ def test_a_user_error_in_a_stateful_step_reads_the_same_on_every_runtime(runtime
         "division by zero",
     )
     assert isinstance(err.__cause__, ZeroDivisionError)
+
+
+@pytest.mark.parametrize("bad", [(1, 2), 5, ("a", 1, 2)])
+def test_a_bad_item_before_a_stateful_step_is_also_a_type_error(runtime, bad):
+    """As in Bytewax, which raises TypeError: a test ported from it catches flowspark's error."""
+    flow, _ = pipe([("ok", 1), bad], lambda s: op.stateful_map("s", s, lambda st, v: (st, v)))
+    with pytest.raises(TypeError) as info:
+        runtime.run(flow)
+    assert isinstance(info.value, FlowsparkRuntimeError)
+    assert info.value.step_id == "t.s.stateful_batch"

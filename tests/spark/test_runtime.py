@@ -12,7 +12,7 @@ import pytest
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
-from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError
+from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
 from flowspark.operators import StatefulLogic
 from flowspark.runtime.driver import drive_chain
 from flowspark.spark import run
@@ -169,7 +169,7 @@ def test_end_of_key_emits_sort_after_the_key_values_and_by_key_creation():
 
 
 def test_error_marker_round_trip():
-    fail = FlowsparkRuntimeError.from_error("f.step", ZeroDivisionError("division by zero"))
+    fail = step_error("f.step", ZeroDivisionError("division by zero"))
     text = "py4j.protocol.Py4JJavaError: ... " + encode_task_error(fail) + " ... at org.apache.spark"
     err = decode_task_error(text)
     assert isinstance(err, FlowsparkRuntimeError)
@@ -183,7 +183,7 @@ def test_unpicklable_exception_still_carries_type_and_message():
     class Local(Exception):  # a local class cannot be unpickled at the driver
         pass
 
-    err = decode_task_error(encode_task_error(FlowsparkRuntimeError.from_error("f.s", Local("boom"))))
+    err = decode_task_error(encode_task_error(step_error("f.s", Local("boom"))))
     assert err is not None
     assert err.exc_type == "Local"
     assert err.exc_message == "boom"

@@ -42,7 +42,7 @@ FLOW_FILE = textwrap.dedent(
 
 
 def _cli(tmp_path, module, *args, env=None, cwd=None):
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("FLOWSPARK_")}
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("FLOWSPARK_", "BYTEWAX_"))}
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", module, *args],

@@ -82,7 +82,9 @@ def test_generator_documents_a_new_operator(monkeypatch):
     assert text != (DOCS / "operators.md").read_text()
 
 
-@pytest.mark.parametrize("page", ["README.md", "concepts.md", "differences.md", "deployment.md", "operators.md"])
+@pytest.mark.parametrize(
+    "page", ["README.md", "concepts.md", "differences.md", "deployment.md", "operators.md", "porting.md"]
+)
 def test_links_between_pages_resolve(page):
     text = (DOCS / page).read_text()
     for target in re.findall(r"\]\(([\w.-]+\.md)(?:#[\w-]*)?\)", text):

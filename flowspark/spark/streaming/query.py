@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
-from flowspark.errors import FlowsparkCompileError, FlowsparkError, FlowsparkRuntimeError, FlowsparkTypeError
+from flowspark.errors import (
+    FlowsparkCompileError,
+    FlowsparkError,
+    FlowsparkRuntimeError,
+    FlowsparkTypeError,
+    step_error,
+)
 from flowspark.inputs import DynamicSource
 from flowspark.spark.codec import decode_task_error, encode_task_error, loads, loads_all
 from flowspark.spark.compiler import as_graph, compile_flow
@@ -447,7 +453,7 @@ class StreamingRun:
 
 
 def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
-    return FlowsparkRuntimeError.from_error(step_id, ex)
+    return step_error(step_id, ex)
 
 
 def _sink_schema(schema: Any) -> tuple[Any, Any]:
