@@ -21,6 +21,7 @@ Time: notifications (`notify_at`) are checked after every pass against
 from __future__ import annotations
 
 import heapq
+import pickle
 import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta, timezone
@@ -356,7 +357,12 @@ class _StatefulRt(_Rt):
     """
 
     def __init__(
-        self, node: ir.StatefulBatch, resume: dict[str, Any], track: bool, fixed_now: Optional[datetime] = None
+        self,
+        node: ir.StatefulBatch,
+        resume: dict[str, Any],
+        track: bool,
+        fixed_now: Optional[datetime] = None,
+        roundtrip: bool = False,
     ) -> None:
         self.fixed_now = fixed_now
         self.step_id = node.step_id
@@ -372,6 +378,8 @@ class _StatefulRt(_Rt):
         self.track = track
         self.touched_epoch: set[str] = set()
         self.eof_done = False
+        #: With `roundtrip_state`: the same step, never resumed, to compare with.
+        self.reference = _StatefulRt(node, resume, False, fixed_now) if roundtrip else None
         for key in sorted(resume):
             self.logics[key] = self.driver.build(key, resume[key])
             self._schedule(key)
@@ -393,6 +401,16 @@ class _StatefulRt(_Rt):
 
     def step(self, ex: _Executor) -> None:
         items = ex.take(self.up)
+        out, touched = self._process(ex, items)
+        if self.reference is not None:
+            self._check_resumed(ex, items, out, touched)
+        if self.track:
+            self.touched_epoch.update(touched)
+        if out:
+            ex.emit(self.down, out)
+        self.eof = self.eof_done
+
+    def _process(self, ex: _Executor, items: list[Any]) -> tuple[list[Any], dict[str, None]]:
         out: list[Any] = []
         touched: dict[str, None] = {}
         if self.fixed_now is not None:
@@ -411,11 +429,37 @@ class _StatefulRt(_Rt):
             if self.notifies:
                 for key in touched:
                     self._schedule(key)
-        if self.track:
-            self.touched_epoch.update(touched)
-        if out:
-            ex.emit(self.down, out)
-        self.eof = self.eof_done
+        return out, touched
+
+    # -- roundtrip_state: resume every touched key from its pickled snapshot ----------
+    def _check_resumed(self, ex: _Executor, items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
+        """Compare with the reference (never resumed) logics, then resume every touched key.
+
+        The Spark streaming runtime rebuilds each key's logic from its snapshot in every
+        micro-batch; a builder that ignores `resume_state` or a snapshot that leaves state
+        out then loses state there only. This mode makes the in-memory executor do the same
+        after every pass and fail, naming the step and the key, as soon as the resumed logics
+        emit something else than the live ones.
+        """
+        assert self.reference is not None
+        want, _ = self.reference._process(ex, items)
+        if want != out and not _same_pickles(want, out):
+            got_by_key, want_by_key = _by_key(out), _by_key(want)
+            key = next(k for k in sorted(set(got_by_key) | set(want_by_key)) if got_by_key.get(k) != want_by_key.get(k))
+            msg = (
+                f"step {self.step_id!r} for key {key!r}: the logic resumed from its snapshot emitted "
+                f"{got_by_key.get(key, [])!r} where the live logic emitted {want_by_key.get(key, [])!r}; "
+                "snapshot() must return all of the logic's state and the builder must rebuild it from "
+                "resume_state (the Spark streaming runtime resumes every key from its snapshot in every "
+                "micro-batch; run_main(roundtrip_state=True) does the same after every pass)"
+            )
+            raise FlowsparkRuntimeError(self.step_id, msg, key)
+        driver = self.driver
+        for key in touched:
+            logic = self.logics.get(key)
+            if logic is not None:
+                state = pickle.loads(pickle.dumps(driver.snapshot(key, logic)))  # noqa: S301
+                self.logics[key] = driver.build(key, state)
 
     def _on_notify(self, now: datetime, out: list[Any], touched: dict[str, None]) -> None:
         heap = self.heap
@@ -491,12 +535,14 @@ class _Executor:
         store: Optional[RecoveryStore],
         clock: Optional[LogicalClock],
         fixed_time: bool = False,
+        roundtrip_state: bool = False,
     ) -> None:
         self.graph = graph
         self.epoch_interval = epoch_interval
         self.store = store
         self.clock = clock
         self.fixed_time = fixed_time
+        self.roundtrip_state = roundtrip_state
         self.vals: dict[str, list[Any]] = {}
         self.pending: dict[str, list[Any]] = {}
         self.polled = 0
@@ -506,7 +552,10 @@ class _Executor:
         # time through the graph, so `join` of two `TestingSource`s pairs a0/b0, a1/b1...
         # Do the same when the graph has a merge; otherwise gather up to _BATCH_TARGET
         # items per pass (fewer, larger passes; same results).
-        self.one_batch_per_pass = any(isinstance(n, ir.Merge) and len(n.ups) > 1 for n in graph.nodes)
+        # With roundtrip_state, one source batch per pass too: logics are resumed after every batch.
+        self.one_batch_per_pass = roundtrip_state or any(
+            isinstance(n, ir.Merge) and len(n.ups) > 1 for n in graph.nodes
+        )
         resume: dict[str, dict[str, Any]] = {}
         if store is not None:
             resume = store.load()
@@ -544,7 +593,7 @@ class _Executor:
                 return _MergeRt(node)
             case ir.StatefulBatch():
                 fixed_now = self.clock.now if self.clock is not None and self.fixed_time else None
-                return _StatefulRt(node, resume, self.store is not None, fixed_now)
+                return _StatefulRt(node, resume, self.store is not None, fixed_now, self.roundtrip_state)
         msg = f"step {getattr(node, 'step_id', node)!r}: the local runtime has no core step {type(node).__name__}"
         raise FlowsparkCompileError(msg)
 
@@ -644,6 +693,23 @@ class _Executor:
 
 
 _NONE: list[Any] = []
+
+
+def _same_pickles(a: Any, b: Any) -> bool:
+    """Equal as pickles (for emitted objects without `__eq__`)."""
+    try:
+        return pickle.dumps(a) == pickle.dumps(b)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _by_key(items: list[Any]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for k, v in items:
+        out.setdefault(k, []).append(v)
+    return out
+
+
 _NO_TAG = b""
 
 
@@ -658,6 +724,7 @@ def run_main(
     recovery_config: Optional[RecoveryConfig] = None,
     clock: str = "system",
     start_time: Optional[datetime] = None,
+    roundtrip_state: bool = False,
 ) -> None:
     """Run a dataflow to completion in this thread with the in-memory executor.
 
@@ -677,6 +744,12 @@ def run_main(
             and `run_main(flow, clock="fixed", start_time=t)` give the same items.
         start_time: Start of the logical clock (default: the Unix epoch, UTC; for
             `"fixed"`: the wall-clock time when the run starts).
+        roundtrip_state: After every batch a source delivers, snapshot every key a stateful step touched,
+            pickle and unpickle the snapshot and rebuild the key's logic from it with the
+            builder, as the Spark streaming runtime does in every micro-batch. The step
+            also runs a copy that is never resumed; as soon as the two emit something
+            different the run fails, naming the step and the key (a builder that ignores
+            `resume_state`, or a `snapshot()` that leaves state out). For tests.
 
     Raises:
         FlowsparkRuntimeError: A user callable failed; names the step and chains the error.
@@ -721,7 +794,14 @@ def run_main(
     elif clock == "fixed":
         logical = LogicalClock(start_time or datetime.now(timezone.utc))
     try:
-        ex = _Executor(graph, epoch_interval=epoch_interval, store=store, clock=logical, fixed_time=clock == "fixed")
+        ex = _Executor(
+            graph,
+            epoch_interval=epoch_interval,
+            store=store,
+            clock=logical,
+            fixed_time=clock == "fixed",
+            roundtrip_state=roundtrip_state,
+        )
         if logical is not None:
             with use_clock(logical.get):
                 ex.run()

@@ -32,10 +32,12 @@ def runtime(request):
     if request.param == "local":
 
         def run_local(flow, start_time):
+            # roundtrip_state: every key resumes from its pickled snapshot after each source
+            # batch, as on Spark streaming, and must behave as the live logic would.
             if start_time is None:
-                run_main(flow)
+                run_main(flow, roundtrip_state=True)
             else:
-                run_main(flow, clock="fixed", start_time=start_time)
+                run_main(flow, clock="fixed", start_time=start_time, roundtrip_state=True)
 
         return Runtime("local", run_local)
     spark = request.getfixturevalue("spark")
