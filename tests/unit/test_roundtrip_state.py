@@ -96,4 +96,5 @@ def test_windowing_and_builtin_operators_survive_resume():
     run_main(build(plain))
     run_main(build(resumed), roundtrip_state=True)
     assert resumed == plain
-    assert len(plain["windows"]) == 4 and len(plain["counts"]) == 5
+    assert len(plain["windows"]) == 4
+    assert len(plain["counts"]) == 5

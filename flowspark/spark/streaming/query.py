@@ -8,6 +8,7 @@ follows the same choices.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -26,14 +27,23 @@ from flowspark.errors import (
     step_error,
 )
 from flowspark.inputs import DynamicSource
+from flowspark.spark.batch import seq_column
 from flowspark.spark.codec import decode_task_error, encode_task_error, loads, loads_all
 from flowspark.spark.compiler import as_graph, compile_flow
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink
 from flowspark.spark.plan import Plan, StagePlan, StageSpec
 from flowspark.spark.streaming.checkpoint import check_meta
+from flowspark.spark.streaming.routing import (
+    ROUTE,
+    TICK_ROUTE,
+    Route,
+    needs_routing,
+    routed_stage_function,
+    routes,
+)
 from flowspark.spark.streaming.state import STATE_SCHEMA, BucketDriver
-from flowspark.spark.worker import dict_rows, not_dict_error, stage_function
+from flowspark.spark.worker import dict_rows, not_dict_error, run_stage_rows, stage_function
 
 __all__ = ["Lowering", "StreamingRun", "compile_streaming", "needs_timers", "run_streaming"]
 
@@ -102,6 +112,15 @@ class Lowering:
         """
         return sum(1 for st in self.plan.stages if st.kind == "keyed") > 1
 
+    @property
+    def routed(self) -> bool:
+        """Whether some stage has several readers.
+
+        The query then threads one chain of rows through every stage
+        (`flowspark.spark.streaming.routing`).
+        """
+        return needs_routing(self.plan)
+
     def keyed_op(self) -> str:
         """The Spark operator every keyed stage lowers to, with its timeout mode.
 
@@ -123,10 +142,21 @@ class Lowering:
         """
         if st.kind == "source":
             if isinstance(st.source, SparkSource):
-                return "spark.readStream of the SparkSource -> mapInArrow"
-            return "readStream.format('flowspark_source') (offsets: the partitions' snapshots; stage runs in the read)"
+                head = "spark.readStream of the SparkSource -> mapInArrow"
+            else:
+                head = (
+                    "readStream.format('flowspark_source') (offsets: the partitions' snapshots; stage runs in the read)"
+                )
+            return f"{head} -> joins the routed chain" if self.routed else head
+        tick = " + tick stream" if self.timers else ""
+        if self.routed:
+            if st.kind == "keyed":
+                return (
+                    f"(routed chain{tick}) -> groupBy(pmod(hash(k), {self.buckets}) for {st.union()}, "
+                    f"else the forward group {self.buckets}).{self.keyed_op()}"
+                )
+            return f"(routed chain) -> mapInArrow over {st.union()}, forwarding the rest"
         if st.kind == "keyed":
-            tick = " + tick stream" if self.timers else ""
             return f"({st.union()}{tick}) -> groupBy(pmod(hash(k), {self.buckets})).{self.keyed_op()}"
         return f"({st.union()}) -> mapInArrow"
 
@@ -192,17 +222,17 @@ class StreamingRun:
         self._sink_parts: dict[str, Any] = {}
         self._error: Optional[BaseException] = None
         self.lowering = Lowering(plan, self.buckets, self.timers)
+        self.routes = routes(plan) if self.lowering.routed else None
         self._sink_struct: Any = None
         self._sink_fused_stage: Optional[int] = None
 
     # -- building ---------------------------------------------------------------
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
-        """Return the `(k, seq, v)` rows of one port of a stage (with `pad` appended to `seq`)."""
+        """Return the `(k, seq, v)` rows of one port of a stage (with a merge's `pad` applied to `seq`)."""
         from pyspark.sql import functions as F  # noqa: N812
 
         df = self.dfs[stage].filter(F.col("p") == port)
-        seq = F.concat(F.col("seq"), F.lit(pad)) if pad else F.col("seq")
-        return df.select(F.col("k"), seq.alias("seq"), F.col("v"))
+        return df.select(F.col("k"), seq_column(pad).alias("seq"), F.col("v"))
 
     def source_df(self, st: StagePlan) -> Any:
         """Return the streaming DataFrame a source stage reads."""
@@ -229,53 +259,102 @@ class StreamingRun:
         )
         return self.spark.readStream.format(pysource.FORMAT).options(**opts).load()
 
-    def build(self) -> Any:
-        """Build every stage's streaming DataFrame; return the last one."""
+    def _keyed(self, df: Any, spec: StageSpec, route: Optional[Route] = None) -> Any:
+        """Lower a keyed stage over `df` (with a `bucket` column) to the stateful operator."""
+        sink_rows = self._fused_sink(spec) if route is None else None
+        out_schema = _ROW_SCHEMA if sink_rows is None else self._sink_struct
+        driver = BucketDriver(spec, self.clock, sink_rows, self.timers, route, self.buckets)
+        if not self.lowering.chained:
+            return df.groupBy("bucket").applyInPandasWithState(
+                driver.pandas_function(),
+                out_schema,
+                STATE_SCHEMA,
+                "append",
+                "ProcessingTimeTimeout" if self.timers else "NoTimeout",
+            )
+        return df.groupBy("bucket").transformWithStateInPandas(
+            driver.processor(), out_schema, "Append", "ProcessingTime" if self.timers else "None"
+        )
+
+    def _ticks(self, columns: list[str]) -> Any:
+        """The tick stream (timers need a micro-batch even when no data arrives, e.g. after a restart)."""
         from pyspark.sql import functions as F  # noqa: N812
 
-        chained = self.lowering.chained
-        if chained:
+        from flowspark.spark import pysource
+
+        pysource.register(self.spark)
+        ticks = self.spark.readStream.format(pysource.TICK_FORMAT).load()
+        if "p" in columns:
+            ticks = ticks.select(F.lit(TICK_ROUTE).cast("int").alias("p"), "k", "seq", "v")
+        return ticks
+
+    def _source_rows(self, st: StagePlan) -> Any:
+        df = self.source_df(st)
+        if isinstance(st.source, SparkSource):
+            df = df.mapInArrow(_per_call_stage(st.spec, self.clock), _ROW_SCHEMA)
+        # else: the Python data source runs the source stage inside its read
+        return df
+
+    def _use_rocksdb(self) -> None:
+        if self.lowering.chained:
             # Spark rejects a second applyInPandasWithState in one query: every keyed stage then
             # uses transformWithStateInPandas, which needs the RocksDB state store.
             self.spark.conf.set(
                 "spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
             )
+
+    def build_routed(self) -> Any:
+        """Build the routed chain (`flowspark.spark.streaming.routing`); return its last DataFrame."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        self._use_rocksdb()
+        chain: Any = None
+        for st in self.plan.stages:
+            spec = st.spec
+            route = self.routes[spec.stage_id]
+            if st.kind == "source":
+                df = self._source_rows(st).withColumn("p", F.col("p") + F.lit(route.offset))
+                chain = df if chain is None else chain.unionByName(df)
+                continue
+            assert chain is not None
+            if st.kind == "map":
+                fn = routed_stage_function(spec, route, functools.partial(run_stage_rows, spec), self.clock)
+                chain = chain.mapInArrow(fn, _ROW_SCHEMA)
+                continue
+            if self.timers:
+                chain = chain.unionByName(self._ticks(["p"]))
+            p = F.col("p")
+            mine = p.isin(list(route.consumed))
+            fwd = p.isin(list(route.forward))
+            # A row both read here and needed later goes to its bucket and, as a copy, to the
+            # forward group: one read of the chain (explode), not two.
+            copies = F.when(mine & fwd, F.array(F.lit(0), F.lit(1))).otherwise(F.array(F.lit(0)))
+            df = chain.filter(mine | fwd | (p == TICK_ROUTE)).withColumn("copy", F.explode(copies))
+            bucket = F.when(mine & (F.col("copy") == 0), F.pmod(F.hash("k"), F.lit(self.buckets)))
+            df = df.withColumn("bucket", bucket.otherwise(F.lit(self.buckets))).select("p", "k", "seq", "v", "bucket")
+            chain = self._keyed(df, spec, route)
+        return chain
+
+    def build(self) -> Any:
+        """Build every stage's streaming DataFrame; return the last one."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        self._use_rocksdb()
         for st in self.plan.stages:
             spec = st.spec
             if st.kind == "source":
-                df = self.source_df(st)
-                if isinstance(st.source, SparkSource):
-                    df = df.mapInArrow(_per_call_stage(spec, self.clock), _ROW_SCHEMA)
-                # else: the Python data source runs the source stage inside its read
+                df = self._source_rows(st)
             else:
                 ins = [self.port_df(s, p, pad) for s, p, pad in st.inputs]
                 df = ins[0]
                 for other in ins[1:]:
                     df = df.union(other)
                 if st.kind == "keyed":
-                    from flowspark.spark import pysource
-
                     if self.timers:
-                        # Timers need a micro-batch even when no data arrives (after a restart).
-                        pysource.register(self.spark)
-                        df = df.union(self.spark.readStream.format(pysource.TICK_FORMAT).load())
-                    sink_rows = self._fused_sink(spec)
-                    out_schema = _ROW_SCHEMA if sink_rows is None else self._sink_struct
-                    driver = BucketDriver(spec, self.clock, sink_rows, self.timers)
+                        df = df.union(self._ticks(["k", "seq", "v"]))
                     df = df.withColumn("bucket", F.pmod(F.hash("k"), F.lit(self.buckets)))
-                    if not chained:
-                        df = df.groupBy("bucket").applyInPandasWithState(
-                            driver.pandas_function(),
-                            out_schema,
-                            STATE_SCHEMA,
-                            "append",
-                            "ProcessingTimeTimeout" if self.timers else "NoTimeout",
-                        )
-                    else:
-                        df = df.groupBy("bucket").transformWithStateInPandas(
-                            driver.processor(), out_schema, "Append", "ProcessingTime" if self.timers else "None"
-                        )
+                    df = self._keyed(df, spec)
                 else:
                     df = df.mapInArrow(_per_call_stage(spec, self.clock), _ROW_SCHEMA)
             self.dfs[spec.stage_id] = df
@@ -311,7 +390,7 @@ class StreamingRun:
         """Build the query and start it with `trigger`; return the `StreamingQuery`."""
         from pyspark.sql import functions as F  # noqa: N812
 
-        self.build()
+        last = self.build_routed() if self.routes is not None else self.build()
         qchk = os.path.join(self.checkpoint, "query")
         lone = self._lone_file_sink()
         if lone is not None:
@@ -325,7 +404,11 @@ class StreamingRun:
             if sink.format == "table":
                 msg = f"step {lone.step_id!r}: a streaming SparkSink writes files; use parquet, json, csv or orc"
                 raise FlowsparkCompileError(msg)
-            if self._sink_fused_stage == lone.port[0]:
+            if self.routes is not None:
+                route = lone.port[0] * ROUTE + lone.port[1]
+                port_rows = last.filter(F.col("p") == route).select("k", "seq", "v")
+                rows = _dict_rows(self.spark, port_rows, lone.step_id, sink.schema)
+            elif self._sink_fused_stage == lone.port[0]:
                 rows = self.dfs[lone.port[0]]  # the keyed stage already wrote the sink's rows
             else:
                 rows = _dict_rows(self.spark, self.port_df(*lone.port), lone.step_id, sink.schema)
@@ -339,12 +422,22 @@ class StreamingRun:
                 w = w.partitionBy(*sink.partition_by)
         else:
             ports = sorted({sk.port for sk in self.plan.sinks} | {ins.port for ins in self.plan.inspects})
-            parts = [
-                self.dfs[s].filter(F.col("p") == p).select(F.lit(s).alias("st"), "p", "seq", "v") for s, p in ports
-            ]
-            out = parts[0]
-            for other in parts[1:]:
-                out = out.union(other)
+            if self.routes is not None:
+                p = F.col("p")
+                out = last.filter(p.isin([s * ROUTE + q for s, q in ports])).select(
+                    (p / ROUTE).cast("int").alias("st"), (p % ROUTE).cast("int").alias("p"), "seq", "v"
+                )
+            else:
+                # One read of each stage's DataFrame, whatever number of its ports the writer takes.
+                parts = [
+                    self.dfs[s]
+                    .filter(F.col("p").isin([q for t, q in ports if t == s]))
+                    .select(F.lit(s).alias("st"), "p", "seq", "v")
+                    for s in sorted({s for s, _q in ports})
+                ]
+                out = parts[0]
+                for other in parts[1:]:
+                    out = out.union(other)
             self._open_sinks()
             w = out.writeStream.foreachBatch(self._foreach_batch)
         w = w.option("checkpointLocation", qchk).queryName(f"flowspark_{self.plan.flow_id}")

@@ -23,6 +23,7 @@ from flowspark.errors import FlowsparkRuntimeError
 from flowspark.runtime.driver import drive_chain, idx
 from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.plan import StageSpec
+from flowspark.spark.streaming.routing import Route, forward_frame
 from flowspark.spark.worker import dict_rows, no_gc, run_stage_rows, stage_streams
 
 __all__ = ["STATE_SCHEMA", "BucketDriver"]
@@ -52,6 +53,10 @@ class BucketDriver:
             converted as `_dict_rows` does), saving a Python pass over every item.
         timers: Whether the query has timers (timeouts); without, no step can ask for
             a notification and no timeout is set.
+        route: In the routed lowering (`flowspark.spark.streaming.routing`), the stage's
+            route: its output rows carry routes, and the group `forward_group` only
+            hands back the rows the stage forwards.
+        forward_group: The bucket value of the forward group.
     """
 
     def __init__(
@@ -60,8 +65,12 @@ class BucketDriver:
         clock: Optional[Callable[[], datetime]] = None,
         sink_rows: Optional[tuple[str, Any]] = None,
         timers: bool = True,
+        route: Optional[Route] = None,
+        forward_group: int = -1,
     ) -> None:
         """Describe the stage."""
+        self.route = route
+        self.forward_group = forward_group
         self.spec = spec
         self.drivers = tuple(ks.driver() for ks in spec.chain)
         self.depth_in = spec.depth_in
@@ -192,19 +201,24 @@ class BucketDriver:
             return 1
         return max(1, int((min(ats) - now) / timedelta(milliseconds=1)))
 
-    def call(self, blob: Optional[bytes], pdfs: Iterator[Any], now: datetime) -> tuple[Any, dict[str, Any]]:
+    def call(
+        self, blob: Optional[bytes], pdfs: Iterator[Any], now: datetime, bucket: Any = None
+    ) -> tuple[Any, dict[str, Any]]:
         """Run one bucket's micro-batch: decode state, process rows and due keys, encode output.
 
         Args:
             blob: The bucket's pickled state, or `None`.
-            pdfs: pandas DataFrames of `(k, seq, v)` rows.
+            pdfs: pandas DataFrames of `(k, seq, v)` rows (`(p, k, seq, v)` when routed).
             now: The time of the micro-batch.
+            bucket: The group's bucket value.
 
         Returns:
             `(output DataFrame or None, new state table)`.
         """
         import pandas as pd
 
+        if self.route is not None and bucket == self.forward_group:
+            return forward_frame(pdfs, self.route.forward), {}
         table: dict[str, Any] = pickle.loads(blob) if blob is not None else {}  # noqa: S301
         rows: list[tuple[str, bytes, bytes]] = []
         for pdf in pdfs:
@@ -221,8 +235,10 @@ class BucketDriver:
                 cols = run_stage_rows(self.spec, emits)
         except FlowsparkRuntimeError as f:
             raise RuntimeError(encode_task_error(f)) from None
-        out = pd.DataFrame({"p": cols[0], "k": cols[1], "seq": cols[2], "v": cols[3]}) if cols[0] else None
-        return out, table
+        if not cols[0]:
+            return None, table
+        ps = cols[0] if self.route is None else [self.route.offset + p for p in cols[0]]
+        return pd.DataFrame({"p": ps, "k": cols[1], "seq": cols[2], "v": cols[3]}), table
 
     def _sink_frame(self, emits: list[tuple[bytes, Any]]) -> Any:
         """The stage's items as rows of the lone file sink's schema (see `sink_rows`)."""
@@ -239,9 +255,9 @@ class BucketDriver:
         """
         driver = self
 
-        def fn(_bucket: Any, pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
+        def fn(bucket: Any, pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
             now = driver.now(state.getCurrentProcessingTimeMs)
-            out, table = driver.call(state.get[0] if state.exists else None, pdfs, now)
+            out, table = driver.call(state.get[0] if state.exists else None, pdfs, now, bucket[0])
             if table:
                 state.update((pickle.dumps(table, protocol=5),))
                 ms = driver.timeout_ms(table, now) if driver.timers else None
@@ -269,10 +285,10 @@ class BucketDriver:
                 self.handle = handle
                 self.state = handle.getValueState("blob", STATE_SCHEMA)
 
-            def _run(self, pdfs: Iterator[Any], timer_values: Any) -> Iterator[Any]:
+            def _run(self, key: Any, pdfs: Iterator[Any], timer_values: Any) -> Iterator[Any]:
                 now = driver.now(timer_values.getCurrentProcessingTimeInMs)
                 blob = self.state.get()[0] if self.state.exists() else None
-                out, table = driver.call(blob, pdfs, now)
+                out, table = driver.call(blob, pdfs, now, key[0])
                 if driver.timers:
                     for t in list(self.handle.listTimers()):
                         self.handle.deleteTimer(t)
@@ -287,10 +303,10 @@ class BucketDriver:
                     yield out
 
             def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:  # noqa: N802,N803
-                yield from self._run(rows, timerValues)
+                yield from self._run(key, rows, timerValues)
 
             def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:  # noqa: N802,N803
-                yield from self._run(iter(()), timerValues)
+                yield from self._run(key, iter(()), timerValues)
 
             def close(self) -> None:
                 pass
