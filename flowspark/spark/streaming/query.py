@@ -308,6 +308,7 @@ class StreamingRun:
         """Build the routed chain (`flowspark.spark.streaming.routing`); return its last DataFrame."""
         from pyspark.sql import functions as F  # noqa: N812
 
+        assert self.routes is not None
         self._use_rocksdb()
         chain: Any = None
         for st in self.plan.stages:
