@@ -97,6 +97,7 @@ class FlowsparkRuntimeError(FlowsparkError, RuntimeError):
         key: Optional[str] = None,
         exc_type: Optional[str] = None,
         exc_message: Optional[str] = None,
+        item: Optional[str] = None,
     ) -> None:
         """Create the error.
 
@@ -106,16 +107,23 @@ class FlowsparkRuntimeError(FlowsparkError, RuntimeError):
             key: The key being processed, if any.
             exc_type: Name of the original exception's type.
             exc_message: The original exception's message.
+            item: `repr` of the item the step failed on (shortened), when known.
         """
         super().__init__(message)
         self.step_id = step_id
         self.key = key
         self.exc_type = exc_type
         self.exc_message = exc_message
+        self.item = item
 
     @classmethod
     def describe(
-        cls, step_id: str, exc_type: str, exc_message: str, key: Optional[str] = None
+        cls,
+        step_id: str,
+        exc_type: str,
+        exc_message: str,
+        key: Optional[str] = None,
+        item: Optional[str] = None,
     ) -> FlowsparkRuntimeError:
         """Build the error from its parts (the one wording every runtime uses).
 
@@ -124,16 +132,19 @@ class FlowsparkRuntimeError(FlowsparkError, RuntimeError):
             exc_type: Name of the original exception's type.
             exc_message: The original exception's message.
             key: The key being processed, if any.
+            item: `repr` of the item the step failed on, if known.
 
         Returns:
             The error (no cause attached).
         """
         where = f"step {step_id!r}" if key is None else f"step {step_id!r} for key {key!r}"
-        return cls(step_id, f"error in {where}: {exc_type}: {exc_message}", key, exc_type, exc_message)
+        on = "" if item is None else f" (item: {item})"
+        return cls(step_id, f"error in {where}: {exc_type}: {exc_message}{on}", key, exc_type, exc_message, item)
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle with every constructor argument (errors cross process boundaries on Spark)."""
-        return (type(self), (self.step_id, str(self), self.key, self.exc_type, self.exc_message), self.__dict__)
+        args = (self.step_id, str(self), self.key, self.exc_type, self.exc_message, self.item)
+        return (type(self), args, self.__dict__)
 
 
 BytewaxRuntimeError = FlowsparkRuntimeError
@@ -194,8 +205,32 @@ class ImportStrError(FlowsparkError, ValueError):
     """An import string given on the command line did not resolve to a Dataflow."""
 
 
+_NO_ITEM: Any = object()
+
+
+def short_repr(x: Any, limit: int = 200) -> str:
+    """`repr(x)`, shortened to `limit` characters (for error messages).
+
+    Args:
+        x: Anything.
+        limit: Most characters kept.
+
+    Returns:
+        The text.
+    """
+    try:
+        text = repr(x)
+    except Exception as e:  # noqa: BLE001
+        text = f"<{type(x).__name__} whose repr() raised {type(e).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def step_error(
-    step_id: str, exc: BaseException, message: Optional[str] = None, key: Optional[str] = None
+    step_id: str,
+    exc: BaseException,
+    message: Optional[str] = None,
+    key: Optional[str] = None,
+    item: Any = _NO_ITEM,
 ) -> FlowsparkRuntimeError:
     """Wrap an exception raised inside a step into the error every runtime raises.
 
@@ -212,6 +247,7 @@ def step_error(
         message: The error's message (default:
             `"error in step '<step_id>'[ for key '<key>']: <exception type>: <exception message>"`).
         key: The key whose logic failed (stateful steps).
+        item: The item the step failed on, when known (its shortened `repr` is shown).
 
     Returns:
         The error to raise (`raise step_error(sid, e) from e`).
@@ -227,6 +263,8 @@ def step_error(
         "error in step 'flow.sum': TypeError: keys must be str; received 1"
         >>> str(step_error("f.count", KeyError("user"), key="ann"))
         "error in step 'f.count' for key 'ann': KeyError: 'user'"
+        >>> str(step_error("f.key", KeyError("user"), item={"id": 7}))
+        "error in step 'f.key': KeyError: 'user' (item: {'id': 7})"
         >>> type(step_error("flow.div", ZeroDivisionError("division by zero"))).__name__
         'FlowsparkRuntimeError'
     """
@@ -239,8 +277,9 @@ def step_error(
     if isinstance(exc, FlowsparkRuntimeError):
         return exc
     cls = FlowsparkRuntimeTypeError if isinstance(exc, TypeError) else FlowsparkRuntimeError
-    err = cls.describe(step_id, type(exc).__name__, str(exc), key)
+    shown = None if item is _NO_ITEM else short_repr(item)
+    err = cls.describe(step_id, type(exc).__name__, str(exc), key, shown)
     if message is not None:
-        err = cls(step_id, message, key, err.exc_type, err.exc_message)
+        err = cls(step_id, message, key, err.exc_type, err.exc_message, shown)
     err.__cause__ = exc
     return err

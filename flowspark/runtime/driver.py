@@ -38,6 +38,8 @@ from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_err
 from flowspark.logic import StatefulBatchLogic, wants_notify
 
 __all__ = [
+    "NOT_FOUND",
+    "failing_item",
     "EOF_BASE",
     "EOF_HEADER",
     "HEAD_LEN",
@@ -489,3 +491,32 @@ def drive_chain(
         items, logic = d.drive(key, items, cur[i], now, eof)
         new.append(logic)
     return items, new
+
+
+#: What `failing_item` returns when no single item fails on its own.
+NOT_FOUND: Any = object()
+
+
+def failing_item(mapper: Callable[[list[Any]], Any], items: list[Any]) -> Any:
+    """Find the item a batch mapper fails on, after the mapper failed on the whole batch.
+
+    Called only on the error path of a stateless step, so that every runtime names
+    the item in its error (`flowspark.errors.step_error(..., item=...)`): the mapper
+    runs again on each item alone until one raises.
+
+    Args:
+        mapper: The step's batch function (`flat_map_batch`'s mapper).
+        items: The batch it failed on.
+
+    Returns:
+        The first item that fails on its own, or `NOT_FOUND`.
+    """
+    for x in items:
+        try:
+            res = mapper([x])
+            if not isinstance(res, Iterable):
+                return x
+            list(res)
+        except Exception:  # noqa: BLE001
+            return x
+    return NOT_FOUND

@@ -45,7 +45,7 @@ from flowspark.logic import StatefulBatchLogic
 from flowspark.operators import _check_bool
 from flowspark.outputs import DynamicSink, FixedPartitionedSink
 from flowspark.recovery import DELETED, RecoveryConfig, RecoveryStore
-from flowspark.runtime.driver import StepDriver
+from flowspark.runtime.driver import NOT_FOUND, StepDriver, failing_item
 
 __all__ = ["LogicalClock", "run_main"]
 
@@ -279,6 +279,8 @@ class _MapRt(_Rt):
         self.down = node.down
         self.fn = fn
         self.copy_input = copy_input
+        # On failure, a flat_map_batch's error names the item (the mapper runs again item by item).
+        self.locate = isinstance(node, ir.FlatMapBatch)
 
     def step(self, ex: _Executor) -> None:
         items = ex.take(self.up)
@@ -296,7 +298,8 @@ class _MapRt(_Rt):
                     )
                     raise FlowsparkTypeError(msg)
             except Exception as e:
-                raise _fail(self.step_id, e) from e
+                bad = failing_item(self.fn, list(items)) if self.locate else NOT_FOUND
+                raise step_error(self.step_id, e, item=bad) if bad is not NOT_FOUND else _fail(self.step_id, e) from e
             if out:
                 ex.emit(self.down, out)
         self.eof = ex.is_eof(self.up)
@@ -314,6 +317,7 @@ class _BranchRt(_Rt):
             trues: list[Any] = []
             falses: list[Any] = []
             pred = self.node.predicate
+            x = None
             try:
                 for x in items:
                     r = pred(x)
@@ -324,7 +328,7 @@ class _BranchRt(_Rt):
                     else:
                         _check_bool(self.step_id, "branch predicate", x, r)
             except Exception as e:
-                raise _fail(self.step_id, e) from e
+                raise step_error(self.step_id, e, item=x) from e
             if trues:
                 ex.emit(self.node.trues, trues)
             if falses:

@@ -43,6 +43,7 @@ __all__ = [
     "EOF_BASE",
     "EOF_HEADER",
     "HEAD_LEN",
+    "apply_pad",
     "decode_task_error",
     "dumps",
     "encode_task_error",
@@ -172,6 +173,22 @@ def loads_all(bs: list[bytes]) -> list[Any]:
     return list(map(_marshal_loads, bs))
 
 
+def apply_pad(seq: bytes, pad: bytes) -> bytes:
+    """A merge's pad applied to a sequence (what `flowspark.spark.batch.seq_column` does in Spark).
+
+    Args:
+        seq: The sequence.
+        pad: Empty, or the upstream's 4-byte index (inserted after the source header)
+            then zero padding (appended).
+
+    Returns:
+        The padded sequence.
+    """
+    if not pad:
+        return seq
+    return seq[:HEAD_LEN] + pad[:4] + seq[HEAD_LEN:] + pad[4:]
+
+
 # --------------------------------------------------------------------------- errors
 _MARK_RE = re.compile(r"FLOWSPARK_TASK_ERROR<<([A-Za-z0-9+/=]+)>>")
 
@@ -194,7 +211,9 @@ def encode_task_error(fail: FlowsparkRuntimeError) -> str:
         blob = None
     exc_type = fail.exc_type if fail.exc_type is not None else type(fail).__name__
     exc_message = fail.exc_message if fail.exc_message is not None else str(fail)
-    payload = pickle.dumps((fail.step_id, fail.key, exc_type, exc_message, blob, isinstance(fail, TypeError)))
+    payload = pickle.dumps(
+        (fail.step_id, fail.key, exc_type, exc_message, blob, isinstance(fail, TypeError), fail.item)
+    )
     return f"{fail} FLOWSPARK_TASK_ERROR<<{base64.b64encode(payload).decode()}>>"
 
 
@@ -214,9 +233,9 @@ def decode_task_error(text: str) -> Optional[FlowsparkRuntimeError]:
     m = _MARK_RE.search(text)
     if m is None:
         return None
-    step_id, key, type_name, message, blob, type_error = pickle.loads(base64.b64decode(m.group(1)))
+    step_id, key, type_name, message, blob, type_error, item = pickle.loads(base64.b64decode(m.group(1)))
     cls = FlowsparkRuntimeTypeError if type_error else FlowsparkRuntimeError
-    err = cls.describe(step_id, type_name, message, key)
+    err = cls.describe(step_id, type_name, message, key, item)
     if blob is not None:
         try:
             err.__cause__ = pickle.loads(blob)

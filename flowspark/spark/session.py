@@ -95,6 +95,12 @@ _BY_VALUE: set[str] = set()
 def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None) -> Any:
     """Return the active SparkSession, or create a local one with sensible defaults.
 
+    A session flowspark creates keeps Spark's own log quiet: flowspark reports a
+    failed step itself (step id, original type and message, the item), so Spark's
+    ERROR lines, Java traces and task-error markers would only repeat it. Set
+    `FLOWSPARK_SPARK_LOG_LEVEL` (`warn`, `error`, `info` ...; default `off`) to see
+    Spark's log, or `SPARK_CONF_DIR` to use your own `log4j2.properties`.
+
     Args:
         master: Spark master for a new session.
         conf: Extra settings for a new session (over `DEFAULT_CONF`).
@@ -114,11 +120,13 @@ def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None)
         path = [p for p in sys.path if p and os.path.isdir(p)]
         old = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*(old.split(os.pathsep) if old else []), *path]))
+    level = os.environ.get("FLOWSPARK_SPARK_LOG_LEVEL", "off").strip().lower() or "off"
+    quiet_logs(level)
     builder = SparkSession.builder.master(master).appName("flowspark")
     for k, v in {**DEFAULT_CONF, **(conf or {})}.items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel(level.upper())
     return spark
 
 
@@ -165,17 +173,13 @@ def check_master(master: str, timeout: float = 3.0) -> None:
     raise MasterUnreachableError(msg)
 
 
-def open_session(
-    master: str, conf: Optional[dict[str, str]] = None, app_name: str = "flowspark", quiet: bool = True
-) -> Any:
-    """Return a SparkSession on `master` (checked first when it is `spark://`).
+def open_session(master: str, conf: Optional[dict[str, str]] = None, app_name: str = "flowspark") -> Any:
+    """Return a SparkSession on `master` (checked first when it is `spark://`), quiet as `get_session` makes it.
 
     Args:
         master: The master URL.
         conf: Extra settings (over `flowspark.spark.session.DEFAULT_CONF`).
         app_name: The application name.
-        quiet: Silence Spark's own console log (`quiet_logs`), so errors are
-            reported by flowspark on one line.
 
     Returns:
         The session.
@@ -184,13 +188,7 @@ def open_session(
         MasterUnreachableError: A `spark://` master cannot be reached.
     """
     check_master(master)
-    if quiet:
-        quiet_logs()
-    settings = {"spark.app.name": app_name, **(conf or {})}
-    spark = get_session(master, settings)
-    if quiet:
-        spark.sparkContext.setLogLevel("OFF")
-    return spark
+    return get_session(master, {"spark.app.name": app_name, **(conf or {})})
 
 
 _LOG4J2 = """# Written by flowspark: keep Spark's console quiet (the flowspark CLI reports errors itself).
@@ -223,6 +221,3 @@ def quiet_logs(level: str = "off") -> Optional[Path]:
     (d / "log4j2.properties").write_text(_LOG4J2.format(level=level))
     os.environ["SPARK_CONF_DIR"] = str(d)
     return d
-
-
-_ROW_SCHEMA = "p int, k string, seq binary, v binary"

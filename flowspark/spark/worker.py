@@ -23,8 +23,8 @@ from typing import Any, Callable, Optional
 from flowspark._time import use_clock
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
 from flowspark.operators import _all_pairs, _check_bool
-from flowspark.runtime.driver import HEAD_LEN, bad_item_error, drive_chain, idx
-from flowspark.spark.codec import dumps, encode_task_error, loads, loads_all, source_items
+from flowspark.runtime.driver import NOT_FOUND, bad_item_error, drive_chain, failing_item, idx
+from flowspark.spark.codec import apply_pad, dumps, encode_task_error, loads, loads_all, source_items
 from flowspark.spark.plan import Op, StageSpec
 
 __all__ = [
@@ -84,8 +84,7 @@ def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]])
         if kind == "merge":
             out: list[tuple[bytes, Any]] = []
             for up, pad in zip(op.ups, op.pads, strict=True):
-                tag, zeros = pad[:4], pad[4:]
-                out.extend([(s[:HEAD_LEN] + tag + s[HEAD_LEN:] + zeros, x) for s, x in streams.get(up, empty)])
+                out.extend([(apply_pad(s, pad), x) for s, x in streams.get(up, empty)])
             streams[op.downs[0]] = out
             continue
         ins = streams.get(op.ups[0], empty)
@@ -94,10 +93,12 @@ def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]])
             assert fn is not None
             out = []
             if op.one_to_one and ins:
+                xs = [x for _, x in ins]
                 try:
-                    res = fn([x for _, x in ins])
+                    res = fn(xs)
                 except Exception as e:
-                    raise _fail(op.step_id, e) from e
+                    bad = failing_item(fn, xs)
+                    raise (_fail(op.step_id, e) if bad is NOT_FOUND else step_error(op.step_id, e, item=bad)) from e
                 if type(res) is list and len(res) == len(ins):
                     # One output per input: it keeps its input's sequence (the compiler
                     # adds no component for these steps).
@@ -105,6 +106,7 @@ def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]])
                     continue
                 msg = f"step {op.step_id!r}: a one-to-one mapper returned {len(res)} items for {len(ins)} inputs"
                 raise _fail(op.step_id, FlowsparkTypeError(msg))
+            x = None
             try:
                 for s, x in ins:
                     res = fn([x])
@@ -122,13 +124,14 @@ def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]])
                     for j, y in enumerate(it):
                         out.append((s + idx(j), y))
             except Exception as e:
-                raise _fail(op.step_id, e) from e
+                raise step_error(op.step_id, e, item=x) from e
             streams[op.downs[0]] = out
         elif kind == "branch":
             pred = op.fn
             assert pred is not None
             trues: list[tuple[bytes, Any]] = []
             falses: list[tuple[bytes, Any]] = []
+            sx = (b"", None)
             try:
                 for sx in ins:
                     r = pred(sx[1])
@@ -139,7 +142,7 @@ def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]])
                     else:
                         _check_bool(op.step_id, "branch predicate", sx[1], r)
             except Exception as e:
-                raise _fail(op.step_id, e) from e
+                raise step_error(op.step_id, e, item=sx[1]) from e
             streams[op.downs[0]] = trues
             streams[op.downs[1]] = falses
         else:  # inspect (downs: passthrough, side copy) and pass (redistribute)

@@ -555,3 +555,15 @@ def test_a_bad_item_before_a_stateful_step_is_also_a_type_error(runtime, bad):
         runtime.run(flow)
     assert isinstance(info.value, FlowsparkRuntimeError)
     assert info.value.step_id == "t.s.stateful_batch"
+
+
+def _needs_user(e: dict) -> str:
+    return e["user"]
+
+
+def test_a_user_error_in_a_stateless_step_names_the_item(runtime):
+    flow, _ = pipe([{"user": "a"}, {"nouser": 1}, {"user": "b"}], lambda s: op.key_on("k", s, _needs_user))
+    with pytest.raises(FlowsparkRuntimeError) as info:
+        runtime.run(flow)
+    assert str(info.value) == "error in step 't.k.flat_map_batch': KeyError: 'user' (item: {'nouser': 1})"
+    assert info.value.item == "{'nouser': 1}"

@@ -93,7 +93,8 @@ def test_run_on_spark_writes_output_and_reports_progress(spark, flow_file, capsy
 def test_run_on_spark_user_error_is_one_line(spark, capsys):
     assert main(["run", "--runtime", "spark", "--no-progress", "test_cli_spark:bad_flow"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["flowspark: error: error in step 'bad.boom.flat_map_batch': ValueError: three is bad"]
+    # the error names the item the step failed on (the same text as the in-memory executor's)
+    assert err == ["flowspark: error: error in step 'bad.boom.flat_map_batch': ValueError: three is bad (item: 3)"]
 
 
 def stream_flow(root, out, flow_id="cli_stream"):

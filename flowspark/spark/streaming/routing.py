@@ -24,10 +24,10 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
 from flowspark.errors import FlowsparkRuntimeError
-from flowspark.spark.codec import HEAD_LEN, encode_task_error, loads_all
+from flowspark.spark.codec import apply_pad, encode_task_error, loads_all
 from flowspark.spark.plan import Plan, StageSpec
 
-__all__ = ["ROUTE", "Route", "apply_pad", "needs_routing", "routed_stage_function", "routes"]
+__all__ = ["ROUTE", "Route", "needs_routing", "routed_stage_function", "routes"]
 
 #: Route of a row: `stage id * ROUTE + port` (a stage has fewer than ROUTE ports).
 ROUTE = 1024
@@ -101,22 +101,6 @@ def routes(plan: Plan) -> dict[int, Route]:
         )
         out[t] = Route(t, {s * ROUTE + p: pad for s, p, pad in st.inputs}, forward)
     return out
-
-
-def apply_pad(seq: bytes, pad: bytes) -> bytes:
-    """A merge's pad applied to a sequence (as `flowspark.spark.batch.seq_column` does in Spark).
-
-    Args:
-        seq: The sequence.
-        pad: Empty, or the upstream's 4-byte index (inserted after the source header)
-            then zero padding (appended).
-
-    Returns:
-        The padded sequence.
-    """
-    if not pad:
-        return seq
-    return seq[:HEAD_LEN] + pad[:4] + seq[HEAD_LEN:] + pad[4:]
 
 
 def routed_stage_function(
