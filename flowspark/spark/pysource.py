@@ -39,7 +39,7 @@ import cloudpickle
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
-from flowspark.errors import FlowsparkRuntimeError
+from flowspark.errors import FlowsparkRuntimeError, step_error
 from flowspark.inputs import AbortExecution, FixedPartitionedSource
 from flowspark.spark.codec import dumps, source_seq
 from flowspark.spark.plan import StageSpec
@@ -161,15 +161,18 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.buf: dict[tuple[str, int], list[Any]] = {}  # (key, start n) -> items of the range
         self.available_now = False
         self.drained: set[str] = set()
+        # Partitions that ended in an earlier run are read once more when a run starts: a
+        # source may resume after an end-of-input marker (`TestingSource.EOF()`: "a resumed
+        # run continues after it"). One that ends again stays ended.
+        self.retried: set[str] = set()
 
     def _call(self, fn: Any) -> Any:
         try:
             return fn()
-        except FlowsparkRuntimeError:
-            raise
+        except (FlowsparkRuntimeError, StopIteration, AbortExecution):
+            raise  # the end of a partition is not an error
         except Exception as e:
-            err = FlowsparkRuntimeError(self.step_id, f"error in step {self.step_id!r}: {type(e).__name__}: {e}")
-            raise err from e
+            raise step_error(self.step_id, e) from e
 
     def initialOffset(self) -> dict:  # noqa: N802
         return {k: {"snap": _enc(None), "n": 0, "eof": False} for k in self.keys}
@@ -198,6 +201,9 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         now: Optional[datetime] = None
         for key in self.keys:
             off = start.get(key) or {"snap": _enc(None), "n": 0, "eof": False}
+            if off["eof"] and key not in self.retried:
+                self.retried.add(key)
+                off = {**off, "eof": False}
             if off["eof"] or key in self.drained:
                 end[key] = off
                 continue

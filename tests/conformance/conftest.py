@@ -1,4 +1,12 @@
-"""The `runtime` fixture: every conformance test runs on the in-memory executor and on Spark."""
+"""The `runtime` fixture: every conformance test runs on the in-memory executor, Spark batch and Spark streaming.
+
+Spark streaming reads each case's `TestingSource`s as unbounded sources through the Python data
+source, in two runs of an `available_now` query on one fresh checkpoint: an end-of-input marker
+is put in the middle of each source's items, so the first run reads the first half and the
+restart continues with the rest from the checkpoint. Streaming has no end of input: what only
+end of input emits (`*_final` operators, windows and `collect` closing at EOF, `on_eof`,
+`join(emit_mode="final")`) is marked on the case with `notimpl(["spark-streaming"], ...)`.
+"""
 
 from __future__ import annotations
 
@@ -27,8 +35,28 @@ class Runtime:
         self._run(flow, start_time)
 
 
-@pytest.fixture(params=["local", pytest.param("spark", marks=pytest.mark.spark)])
-def runtime(request):
+def _split_in_two_runs(flow: Any) -> None:
+    """Put `TestingSource.EOF()` in the middle of every TestingSource of `flow` (see the module doc)."""
+    from flowspark import ir
+    from flowspark.testing import TestingSource
+
+    for node in flow.graph().nodes:
+        src = getattr(node, "source", None)
+        if isinstance(node, ir.Input) and isinstance(src, TestingSource):
+            items = list(src.items)
+            if len(items) > 1 and not any(isinstance(x, (TestingSource.EOF, TestingSource.ABORT)) for x in items):
+                half = len(items) // 2
+                src._ib = [*items[:half], TestingSource.EOF(), *items[half:]]  # noqa: SLF001
+
+
+@pytest.fixture(
+    params=[
+        "local",
+        pytest.param("spark", marks=pytest.mark.spark),
+        pytest.param("spark-streaming", marks=[pytest.mark.spark, pytest.mark.slow]),
+    ]
+)
+def runtime(request, tmp_path):
     if request.param == "local":
 
         def run_local(flow, start_time):
@@ -41,12 +69,40 @@ def runtime(request):
 
         return Runtime("local", run_local)
     spark = request.getfixturevalue("spark")
+    if request.param == "spark-streaming":
+        from flowspark.spark.streaming import run_streaming
+
+        def run_stream(flow, start_time):
+            _split_in_two_runs(flow)
+            clock = None if start_time is None else _Fixed(start_time)
+            for _ in range(2):
+                run_streaming(
+                    flow,
+                    spark=spark,
+                    checkpoint=str(tmp_path / "chk"),
+                    trigger="available_now",
+                    progress=False,
+                    clock=clock,
+                    max_items=1000,
+                )
+
+        return Runtime("spark-streaming", run_stream)
     from flowspark.spark import run
 
     def run_spark(flow, start_time):
         run(flow, spark=spark, start_time=start_time)
 
     return Runtime("spark", run_spark)
+
+
+@dataclass(frozen=True)
+class _Fixed:
+    """A clock standing still at `t` (picklable: workers read it)."""
+
+    t: datetime
+
+    def __call__(self) -> datetime:
+        return self.t
 
 
 @pytest.hookimpl(wrapper=True)
