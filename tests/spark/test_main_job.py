@@ -1,4 +1,4 @@
-"""The README's main job: the example flow on Spark equals the in-memory executor."""
+"""The README's main job: a streaming query in two runs on one checkpoint, equal to the in-memory executor."""
 
 from __future__ import annotations
 
@@ -13,39 +13,19 @@ pytestmark = pytest.mark.spark
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def _load_main_job():
+def test_main_job_streams_in_two_runs_and_matches_in_memory(spark, tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("main_job", EXAMPLES / "main_job.py")
     assert spec is not None
     assert spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     sys.modules["main_job"] = mod
     spec.loader.exec_module(mod)
-    return mod
-
-
-def test_main_job_on_spark_matches_local_and_plain_python(spark):
-    from flowspark.spark import run
-    from flowspark.testing import run_main
-
-    mod = _load_main_job()
-    running, finals = [], []
-    run(mod.build(mod.DATA, running, finals), spark=spark)
-    local_running, local_finals = [], []
-    run_main(mod.build(mod.DATA, local_running, local_finals))
-    assert running == local_running
-    assert sorted(finals) == sorted(local_finals)
-    # Independently from the CSV with plain Python.
-    import csv
-    from decimal import Decimal
-
-    totals: dict[str, int] = {}
-    counts: dict[str, int] = {}
-    expected_running = []
-    with open(mod.DATA, newline="") as f:
-        for row in csv.DictReader(f):
-            cents = int(Decimal(row["amount"]) * 100)
-            totals[row["user"]] = totals.get(row["user"], 0) + cents
-            counts[row["user"]] = counts.get(row["user"], 0) + 1
-            expected_running.append((row["user"], totals[row["user"]] / 100))
-    assert running == expected_running
-    assert sorted(finals) == sorted((u, (totals[u] / 100, counts[u])) for u in totals)
+    assert mod.main(["main_job", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "== run 1" in out
+    assert "== run 2" in out
+    assert "[flowspark] batch" in out  # progress lines
+    assert "in-memory executor gives the same sessions: True" in out
+    rows = mod.read_rows(tmp_path / "out")
+    # Run 1's sessions (ann, bob, cid) time out in run 2; bob and dee's new sessions stay open.
+    assert sorted((r["user"], r["clicks"]) for r in rows) == [("ann", 2), ("bob", 1), ("cid", 1)]

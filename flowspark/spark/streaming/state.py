@@ -26,11 +26,32 @@ from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.routing import Route, forward_frame
 from flowspark.spark.worker import dict_rows, no_gc, run_stage_rows, stage_streams
 
-__all__ = ["STATE_SCHEMA", "BucketDriver"]
+__all__ = ["STATE_SCHEMA", "BucketDriver", "dump_state"]
 
 #: Schema of a bucket's state row.
 STATE_SCHEMA = "blob binary"
 _key_seq = operator.itemgetter(0, 1)
+
+
+def dump_state(table: dict[str, Any]) -> bytes:
+    """Encode a bucket's state: pickle, or cloudpickle for what plain pickle refuses.
+
+    Snapshots may hold instances of classes from the user's own modules, which flowspark
+    ships to the workers by value (`flowspark.spark.session.ship_user_modules`): the workers
+    cannot import them by name, cloudpickle carries them. Both decode with `pickle.loads`.
+
+    Args:
+        table: `{key: (snapshots, notify_at)}`.
+
+    Returns:
+        The bytes.
+    """
+    try:
+        return pickle.dumps(table, protocol=5)
+    except Exception:  # noqa: BLE001
+        import cloudpickle
+
+        return cloudpickle.dumps(table, protocol=5)
 _second = operator.itemgetter(1)
 
 
@@ -259,7 +280,7 @@ class BucketDriver:
             now = driver.now(state.getCurrentProcessingTimeMs)
             out, table = driver.call(state.get[0] if state.exists else None, pdfs, now, bucket[0])
             if table:
-                state.update((pickle.dumps(table, protocol=5),))
+                state.update((dump_state(table),))
                 ms = driver.timeout_ms(table, now) if driver.timers else None
                 if ms is not None:
                     state.setTimeoutDuration(ms)
@@ -293,7 +314,7 @@ class BucketDriver:
                     for t in list(self.handle.listTimers()):
                         self.handle.deleteTimer(t)
                 if table:
-                    self.state.update((pickle.dumps(table, protocol=5),))
+                    self.state.update((dump_state(table),))
                     ms = driver.timeout_ms(table, now) if driver.timers else None
                     if ms is not None:
                         self.handle.registerTimer(int(now.timestamp() * 1000) + ms)

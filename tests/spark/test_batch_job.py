@@ -1,0 +1,51 @@
+"""The batch example job (purchases on Spark batch) equals the in-memory executor."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.spark
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _load_batch_job():
+    spec = importlib.util.spec_from_file_location("batch_job", EXAMPLES / "batch_job.py")
+    assert spec is not None
+    assert spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["batch_job"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_batch_job_on_spark_matches_local_and_plain_python(spark):
+    from flowspark.spark import run
+    from flowspark.testing import run_main
+
+    mod = _load_batch_job()
+    running, finals = [], []
+    run(mod.build(mod.DATA, running, finals), spark=spark)
+    local_running, local_finals = [], []
+    run_main(mod.build(mod.DATA, local_running, local_finals))
+    assert running == local_running
+    assert sorted(finals) == sorted(local_finals)
+    # Independently from the CSV with plain Python.
+    import csv
+    from decimal import Decimal
+
+    totals: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    expected_running = []
+    with open(mod.DATA, newline="") as f:
+        for row in csv.DictReader(f):
+            cents = int(Decimal(row["amount"]) * 100)
+            totals[row["user"]] = totals.get(row["user"], 0) + cents
+            counts[row["user"]] = counts.get(row["user"], 0) + 1
+            expected_running.append((row["user"], totals[row["user"]] / 100))
+    assert running == expected_running
+    assert sorted(finals) == sorted((u, (totals[u] / 100, counts[u])) for u in totals)
