@@ -28,8 +28,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent / "streaming"))
-from common import read_rows, run, stage_file  # noqa: E402
-from sessions import BATCH_1, BATCH_2, FixedClock, local, streaming  # noqa: E402
+from common import (  # noqa: E402
+    FileClock,  # noqa: E402
+    read_rows,
+    run,
+    stage_file,
+)
+from sessions import BATCH_1, BATCH_2, local, streaming  # noqa: E402
 
 from flowspark.testing import TestingSource, run_main  # noqa: E402
 
@@ -43,7 +48,7 @@ def _key(row: dict[str, Any]) -> tuple:
 
 def main(argv: list[str]) -> int:
     work = Path(argv[1]) if len(argv) > 1 else Path(tempfile.mkdtemp(prefix="flowspark-main-job-"))
-    clock = FixedClock(work / "now")
+    clock = FileClock(work / "now")
     seen = 0
     for i, (batch, at) in enumerate([(BATCH_1, T0), (BATCH_2, T0 + LATER)], start=1):
         stage_file(work / "in", f"{i:04d}.json", batch)

@@ -23,6 +23,8 @@ X = TypeVar("X")
 S = TypeVar("S")
 
 __all__ = [
+    "part_of",
+    "route_to_parts",
     "DriverSink",
     "DirSink",
     "DynamicSink",
@@ -390,3 +392,49 @@ class StdOutSink(DriverSink[Any]):
     @override
     def build(self, step_id: str, worker_index: int, worker_count: int) -> _StdOutPartition:
         return _StdOutPartition()
+
+
+def part_of(step_id: str, sink: FixedPartitionedSink[Any, Any], kv: Any, n: int) -> int:
+    """The index of the partition of a `FixedPartitionedSink` an item goes to (`part_fn(key) % n`).
+
+    Every runtime writing such a sink routes with this function.
+
+    Args:
+        step_id: The output step (for the error).
+        sink: The sink.
+        kv: A `(str key, value)` item.
+        n: Number of partitions (`len(sink.list_parts())`).
+
+    Returns:
+        The partition index.
+
+    Raises:
+        FlowsparkTypeError: The item is not `(str key, value)`.
+    """
+    if type(kv) is not tuple or len(kv) != 2 or not isinstance(kv[0], str):
+        msg = (
+            f"step {step_id!r}: {type(sink).__name__} is partitioned and needs "
+            f"`(str key, value)` items; received {kv!r}; add `op.key_on` before the output"
+        )
+        raise FlowsparkTypeError(msg)
+    return sink.part_fn(kv[0]) % n
+
+
+def route_to_parts(
+    step_id: str, sink: FixedPartitionedSink[Any, Any], items: list[Any], n: int
+) -> dict[int, list[Any]]:
+    """Route `(key, value)` items to the partitions of a `FixedPartitionedSink` (see `part_of`).
+
+    Args:
+        step_id: The output step (for the error).
+        sink: The sink.
+        items: `(str key, value)` items.
+        n: Number of partitions.
+
+    Returns:
+        Partition index -> the values routed there, in order.
+    """
+    routed: dict[int, list[Any]] = {}
+    for kv in items:
+        routed.setdefault(part_of(step_id, sink, kv, n), []).append(kv[1])
+    return routed

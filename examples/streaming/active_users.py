@@ -8,7 +8,6 @@ one (the user's state is then dropped). Run it with `python examples/streaming/a
 from __future__ import annotations
 
 import sys
-import tempfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -19,8 +18,7 @@ from flowspark.dataflow import Stream
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from active_users import ActivityLogic  # noqa: E402
-from common import local_flow, read_rows, run, stage_file, streaming_flow  # noqa: E402
-from sessions import FixedClock  # noqa: E402
+from common import demo, local_flow, streaming_flow  # noqa: E402
 
 TIMEOUT = timedelta(minutes=5)
 IN_SCHEMA = "user STRING, page STRING"
@@ -54,15 +52,8 @@ def local(events: list[Any], out: list[Any]) -> Any:
 
 
 def main() -> None:
-    work = Path(tempfile.mkdtemp(prefix="flowspark-active-"))
-    clock = FixedClock(work / "now")
     t0 = datetime(2026, 1, 1, 9, tzinfo=timezone.utc)
-    for i, (batch, at) in enumerate([(BATCH_1, t0), (BATCH_2, t0 + timedelta(minutes=6))], start=1):
-        stage_file(work / "in", f"{i:04d}.json", batch)
-        clock.set(at)
-        run(streaming(work / "in", work / "out"), work / "chk", clock=clock)
-    for row in read_rows(work / "out"):
-        print(row)
+    demo("active", streaming, [BATCH_1, BATCH_2], [t0, t0 + timedelta(minutes=6)])
 
 
 if __name__ == "__main__":

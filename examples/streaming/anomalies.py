@@ -8,7 +8,6 @@ above 3 is written as `{"sensor", "value", "z"}`. Run it with `python examples/s
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,7 @@ from flowspark.dataflow import Stream
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
 from anomaly_detection import by_sensor, make_detector  # noqa: E402
-from common import local_flow, read_rows, run, stage_file, streaming_flow  # noqa: E402
+from common import demo, local_flow, streaming_flow  # noqa: E402
 
 IN_SCHEMA = "sensor STRING, value DOUBLE"
 OUT_SCHEMA = "sensor STRING, value DOUBLE, z DOUBLE"
@@ -50,12 +49,7 @@ def local(events: list[Any], out: list[Any]) -> Any:
 
 
 def main() -> None:
-    work = Path(tempfile.mkdtemp(prefix="flowspark-anomalies-"))
-    for i, batch in enumerate([BATCH_1, BATCH_2], start=1):
-        stage_file(work / "in", f"{i:04d}.json", batch)
-        run(streaming(work / "in", work / "out"), work / "chk")
-    for row in read_rows(work / "out"):
-        print(row)
+    demo("anomalies", streaming, [BATCH_1, BATCH_2])
 
 
 if __name__ == "__main__":

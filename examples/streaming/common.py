@@ -19,7 +19,7 @@ from flowspark.dataflow import Dataflow, Stream
 from flowspark.spark import SparkSink, SparkSource
 from flowspark.testing import TestingSink, TestingSource
 
-__all__ = ["local_flow", "read_rows", "run", "stage_file", "streaming_flow"]
+__all__ = ["FileClock", "demo", "local_flow", "read_rows", "run", "stage_file", "streaming_flow"]
 
 Pipeline = Callable[[Stream[dict[str, Any]]], Stream[dict[str, Any]]]
 
@@ -115,3 +115,53 @@ def read_rows(out_dir: Path) -> list[dict[str, Any]]:
 
     files = sorted(p for p in out_dir.glob("*.parquet") if not p.name.startswith("."))
     return [row for f in files for row in pq.read_table(f).to_pylist()]
+
+
+def demo(
+    prefix: str,
+    streaming: Callable[[Path, Path], Dataflow],
+    batches: list[list[dict[str, Any]]],
+    times: Optional[list[Any]] = None,
+) -> Path:
+    """Run an example as its `__main__` does: each batch arrives as a new file, then one run.
+
+    Args:
+        prefix: Name of the temporary work directory.
+        streaming: Builds the example's streaming flow from `(input dir, output dir)`.
+        batches: The events of each run.
+        times: Processing time of each run (an injected clock), or `None` for Spark's.
+
+    Returns:
+        The work directory (`in/`, `out/`, `chk/`).
+    """
+    import tempfile
+
+    work = Path(tempfile.mkdtemp(prefix=f"flowspark-{prefix}-"))
+    clock = FileClock(work / "now") if times is not None else None
+    for i, batch in enumerate(batches, start=1):
+        stage_file(work / "in", f"{i:04d}.json", batch)
+        if clock is not None and times is not None:
+            clock.set(times[i - 1])
+            print(f"-- run {i} at {times[i - 1]:%H:%M} (processing time)")
+        run(streaming(work / "in", work / "out"), work / "chk", clock=clock)
+    for row in read_rows(work / "out"):
+        print(row)
+    return work
+
+
+class FileClock:
+    """Processing time for the workers, read from a file this process writes (picklable)."""
+
+    def __init__(self, path: Path) -> None:
+        """Keep the time in `path`."""
+        self.path = str(path)
+
+    def set(self, t: Any) -> None:
+        """Move the clock to `t` (an aware datetime)."""
+        Path(self.path).write_text(t.isoformat())
+
+    def __call__(self) -> Any:
+        """The time."""
+        from datetime import datetime
+
+        return datetime.fromisoformat(Path(self.path).read_text())

@@ -8,7 +8,6 @@ the checkpoint; each completed funnel is written as `{"user", "viewed", "carted"
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from flowspark.dataflow import Stream
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent))
-from common import local_flow, read_rows, run, stage_file, streaming_flow  # noqa: E402
+from common import demo, local_flow, streaming_flow  # noqa: E402
 from event_sequencing import advance, by_user  # noqa: E402
 
 IN_SCHEMA = "user STRING, ts STRING, event STRING"
@@ -53,12 +52,7 @@ def local(events: list[Any], out: list[Any]) -> Any:
 
 
 def main() -> None:
-    work = Path(tempfile.mkdtemp(prefix="flowspark-funnel-"))
-    for i, batch in enumerate([BATCH_1, BATCH_2], start=1):
-        stage_file(work / "in", f"{i:04d}.json", batch)
-        run(streaming(work / "in", work / "out"), work / "chk")
-    for row in read_rows(work / "out"):
-        print(row)
+    demo("funnel", streaming, [BATCH_1, BATCH_2])
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ injected clock so the first run's sessions time out):
 from __future__ import annotations
 
 import sys
-import tempfile
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Optional
@@ -26,7 +25,7 @@ from flowspark._time import utc_now
 from flowspark.dataflow import Stream
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import local_flow, read_rows, run, stage_file, streaming_flow  # noqa: E402
+from common import demo, local_flow, streaming_flow  # noqa: E402
 
 GAP = timedelta(minutes=30)
 IN_SCHEMA = "user STRING, page STRING"
@@ -81,30 +80,9 @@ def local(events: list[Any], out: list[Any]) -> Any:
     return local_flow("sessions", events, pipeline, out)
 
 
-class FixedClock:
-    """Processing time for the workers, read from a file this process writes (picklable)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = str(path)
-
-    def set(self, t: datetime) -> None:
-        Path(self.path).write_text(t.isoformat())
-
-    def __call__(self) -> datetime:
-        return datetime.fromisoformat(Path(self.path).read_text())
-
-
 def main() -> None:
-    work = Path(tempfile.mkdtemp(prefix="flowspark-sessions-"))
-    clock = FixedClock(work / "now")
     t0 = datetime(2026, 1, 1, 9, tzinfo=timezone.utc)
-    for i, (batch, at) in enumerate([(BATCH_1, t0), (BATCH_2, t0 + timedelta(minutes=31))], start=1):
-        stage_file(work / "in", f"{i:04d}.json", batch)
-        clock.set(at)
-        print(f"-- run {i} at {at:%H:%M} (processing time)")
-        run(streaming(work / "in", work / "out"), work / "chk", clock=clock)
-    for row in sorted(read_rows(work / "out"), key=lambda r: (r["user"], r["start"])):
-        print(row)
+    demo("sessions", streaming, [BATCH_1, BATCH_2], [t0, t0 + timedelta(minutes=31)])
 
 
 if __name__ == "__main__":

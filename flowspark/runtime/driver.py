@@ -251,11 +251,7 @@ class StepDriver:
         Returns:
             `(emits, discard)`.
         """
-        try:
-            res = logic.on_notify()
-        except Exception as e:
-            raise self.fail(key, e) from e
-        return self.result(key, res, "on_notify()")
+        return self._hook(key, logic.on_notify, "on_notify()")
 
     def eof(self, key: str, logic: Any) -> tuple[list[Any], bool]:
         """Call `on_eof`.
@@ -267,11 +263,14 @@ class StepDriver:
         Returns:
             `(emits, discard)`.
         """
+        return self._hook(key, logic.on_eof, "on_eof()")
+
+    def _hook(self, key: str, hook: Callable[[], Any], where: str) -> tuple[list[Any], bool]:
         try:
-            res = logic.on_eof()
+            res = hook()
         except Exception as e:
             raise self.fail(key, e) from e
-        return self.result(key, res, "on_eof()")
+        return self.result(key, res, where)
 
     def snapshot(self, key: str, logic: Any) -> Any:
         """Call `snapshot`.

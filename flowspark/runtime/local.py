@@ -43,7 +43,7 @@ from flowspark.inputs import (
 )
 from flowspark.logic import StatefulBatchLogic
 from flowspark.operators import _check_bool
-from flowspark.outputs import DynamicSink, FixedPartitionedSink
+from flowspark.outputs import DynamicSink, FixedPartitionedSink, route_to_parts
 from flowspark.recovery import DELETED, RecoveryConfig, RecoveryStore
 from flowspark.runtime.driver import NOT_FOUND, StepDriver, failing_item
 
@@ -243,17 +243,7 @@ class _OutputRt(_Rt):
         self.eof = ex.is_eof(self.up)
 
     def _write_fixed(self, items: list[Any]) -> None:
-        n = len(self.parts)
-        routed: dict[int, list[Any]] = {}
-        part_fn = self.sink.part_fn
-        for kv in items:
-            if type(kv) is not tuple or len(kv) != 2 or not isinstance(kv[0], str):
-                msg = (
-                    f"step {self.step_id!r}: {type(self.sink).__name__} is partitioned and needs "
-                    f"`(str key, value)` items; received {kv!r}; add `op.key_on` before the output"
-                )
-                raise FlowsparkTypeError(msg)
-            routed.setdefault(part_fn(kv[0]) % n, []).append(kv[1])
+        routed = route_to_parts(self.step_id, self.sink, items, len(self.parts))
         for idx in sorted(routed):
             self.parts[idx].write_batch(routed[idx])
 

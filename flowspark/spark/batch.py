@@ -22,6 +22,7 @@ from flowspark.errors import (
     FlowsparkTypeError,
     step_error,
 )
+from flowspark.outputs import part_of
 from flowspark.spark.codec import HEAD_LEN, decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
 from flowspark.spark.worker import dict_rows, no_gc, not_dict_error, stage_function
@@ -385,19 +386,12 @@ def _router(step_id: str, sink: Any, n: int) -> Callable[[Iterator[Any]], Iterat
     def body(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        part_fn = sink.part_fn
         for b in batches:
             pis: list[int] = []
             vs: list[bytes] = []
             for v in b.column(2).to_pylist():
                 kv = loads(v)
-                if type(kv) is not tuple or len(kv) != 2 or not isinstance(kv[0], str):
-                    msg = (
-                        f"step {step_id!r}: {type(sink).__name__} is partitioned and needs "
-                        f"`(str key, value)` items; received {kv!r}; add `op.key_on` before the output"
-                    )
-                    raise FlowsparkTypeError(msg)
-                pis.append(part_fn(kv[0]) % n)
+                pis.append(part_of(step_id, sink, kv, n))
                 vs.append(dumps(kv[1]))
             yield pa.RecordBatch.from_arrays(
                 [pa.array(pis, pa.int32()), b.column(1), pa.array(vs, pa.binary())], names=["pi", "seq", "v"]

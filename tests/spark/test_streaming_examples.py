@@ -52,7 +52,7 @@ def _canon(rows: list[dict[str, Any]], key: str) -> dict[str, list[tuple]]:
 def test_streaming_example_equals_in_memory(spark, tmp_path, name, key, gap):
     mod = _load(name)
     common = sys.modules["common"]
-    clock = mod.FixedClock(tmp_path / "now") if gap is not None else None
+    clock = sys.modules["common"].FileClock(tmp_path / "now") if gap is not None else None
     for i, (batch, at) in enumerate([(mod.BATCH_1, T0), (mod.BATCH_2, T0 + (gap or timedelta(0)))], start=1):
         common.stage_file(tmp_path / "in", f"{i:04d}.json", batch)
         if clock is not None:
@@ -81,8 +81,7 @@ def test_streaming_example_equals_in_memory(spark, tmp_path, name, key, gap):
 def test_trades_windows_and_late_trades(spark, tmp_path):
     mod = _load("trades")
     common = sys.modules["common"]
-    sessions = _load("sessions")
-    clock = sessions.FixedClock(tmp_path / "now")
+    clock = common.FileClock(tmp_path / "now")
     clock.set(T0)  # system time stands still: the watermark moves with event time only
     for i, batch in enumerate([mod.BATCH_1, mod.BATCH_2], start=1):
         common.stage_file(tmp_path / "in", f"{i:04d}.json", batch)

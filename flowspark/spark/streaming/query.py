@@ -27,6 +27,7 @@ from flowspark.errors import (
     step_error,
 )
 from flowspark.inputs import DynamicSource
+from flowspark.outputs import route_to_parts
 from flowspark.spark.batch import seq_column
 from flowspark.spark.codec import decode_task_error, encode_task_error, loads, loads_all
 from flowspark.spark.compiler import as_graph, compile_flow
@@ -507,15 +508,7 @@ class StreamingRun:
                 self._sink_parts[sk.step_id].write_batch(items)
             elif sk.where == "fixed":
                 keys, parts = self._sink_parts[sk.step_id]
-                routed: dict[int, list[Any]] = {}
-                for kv in items:
-                    if type(kv) is not tuple or len(kv) != 2 or not isinstance(kv[0], str):
-                        msg = (
-                            f"step {sk.step_id!r}: {type(sk.sink).__name__} is partitioned and needs "
-                            f"`(str key, value)` items; received {kv!r}; add `op.key_on` before the output"
-                        )
-                        raise FlowsparkTypeError(msg)
-                    routed.setdefault(sk.sink.part_fn(kv[0]) % len(keys), []).append(kv[1])
+                routed = route_to_parts(sk.step_id, sk.sink, items, len(keys))
                 for i in sorted(routed):
                     parts[i].write_batch(routed[i])
             else:

@@ -52,6 +52,8 @@ def dump_state(table: dict[str, Any]) -> bytes:
         import cloudpickle
 
         return cloudpickle.dumps(table, protocol=5)
+
+
 _second = operator.itemgetter(1)
 
 
