@@ -22,6 +22,7 @@ FlowsparkError
 │   ├── MissingPartitionsError   (+ FileNotFoundError)
 │   └── InconsistentPartitionsError
 ├── SingleWorkerError            (+ ValueError)  more than one worker asked of the in-memory executor
+├── WorkerEnvironmentError       (+ RuntimeError) Spark's Python workers cannot run flowspark
 └── ImportStrError               (+ ValueError)  a CLI import string did not resolve
 ```
 
@@ -51,6 +52,7 @@ __all__ = [
     "NoPartitionsError",
     "RecoveryError",
     "SingleWorkerError",
+    "WorkerEnvironmentError",
     "step_error",
 ]
 
@@ -198,6 +200,14 @@ class SingleWorkerError(FlowsparkError, ValueError):
     `python -m flowspark.run` for `-w N` (N > 1), `-i` or `-a`. Parallelism
     comes from Spark: `flowspark run --runtime spark`,
     `python -m flowspark.run --runtime spark -w N` or `flowspark submit`.
+    """
+
+
+class WorkerEnvironmentError(FlowsparkError, RuntimeError):
+    """The Python workers of a SparkSession cannot import flowspark or what it needs.
+
+    Raised before any job runs, with one line saying which interpreter the workers run,
+    what is missing and what to set (usually `PYSPARK_PYTHON`).
     """
 
 

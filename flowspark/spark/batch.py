@@ -486,7 +486,7 @@ def run_plan(
         >>> out  # doctest: +SKIP
         [2, 3]
     """
-    from flowspark.spark.session import ship_user_modules
+    from flowspark.spark.session import ensure_workers, ship_user_modules
 
     ship_user_modules()
     check_bounded(plan)
@@ -499,6 +499,7 @@ def run_plan(
         from flowspark.spark.session import get_session
 
         spark = get_session()
+    ensure_workers(spark)
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
     if explain:

@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_CONF",
     "MasterUnreachableError",
     "check_master",
+    "ensure_workers",
     "get_session",
     "open_session",
     "quiet_logs",
@@ -90,6 +91,104 @@ def ship_user_modules() -> list[str]:
 
 
 _BY_VALUE: set[str] = set()
+
+#: SparkContexts (by id) whose Python workers were seen to import this flowspark.
+_READY: set[int] = set()
+
+# The probe is compiled from source in a module of its own name, so it travels to the
+# workers by value: it must run where flowspark cannot be imported.
+_PROBE_SRC = """
+def probe(_):
+    import importlib
+    import sys
+    try:
+        import flowspark
+        for name in ("flowspark.spark.worker", "flowspark.spark.streaming.state"):
+            importlib.import_module(name)
+    except ImportError as e:
+        return ("missing", getattr(e, "name", None) or str(e), sys.executable)
+    return ("ok", flowspark.__version__, sys.executable)
+"""
+
+
+def _probe(sc: Any) -> tuple[str, str, str]:
+    ns: dict[str, Any] = {"__name__": "flowspark_worker_probe"}
+    exec(compile(_PROBE_SRC, "<flowspark worker probe>", "exec"), ns)  # noqa: S102
+    return tuple(sc.parallelize([0], 1).map(ns["probe"]).collect()[0])  # type: ignore[return-value]
+
+
+def _package_zip() -> str:
+    """A zip of this flowspark package (what `addPyFile` ships), built once per version and process."""
+    import zipfile
+
+    import flowspark
+
+    root = Path(flowspark.__file__).parent
+    target = Path(tempfile.gettempdir()) / f"flowspark-{flowspark.__version__}-{os.getpid()}.zip"
+    if not target.exists():
+        tmp = target.with_suffix(".tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as z:
+            for f in sorted(root.rglob("*")):
+                if f.suffix in (".py", ".typed") and "__pycache__" not in f.parts:
+                    z.write(f, str(Path("flowspark") / f.relative_to(root)))
+        os.replace(tmp, target)
+    return str(target)
+
+
+def ensure_workers(spark: Any) -> None:
+    """Make sure the session's Python workers run this flowspark, before any job.
+
+    A session the user built may start its workers with another interpreter (PySpark
+    runs the first `python3` on PATH unless `PYSPARK_PYTHON` is set), one without
+    flowspark or with another version. One small probe job per SparkContext checks;
+    when flowspark is missing or differs, flowspark ships itself (`addPyFile` of a zip
+    of the package, as it ships the user's modules) and checks again.
+
+    Args:
+        spark: The SparkSession.
+
+    Raises:
+        WorkerEnvironmentError: The workers still cannot import flowspark or a module
+            it needs (e.g. pyarrow): one line with the interpreter, what is missing and
+            what to set.
+    """
+    import flowspark
+    from flowspark.errors import WorkerEnvironmentError
+
+    try:
+        sc = spark.sparkContext
+    except Exception:  # noqa: BLE001
+        return  # a Spark Connect session: its server's workers are set up by the server
+    if id(sc) in _READY:
+        return
+    want = flowspark.__version__
+    try:
+        status, what, exe = _probe(sc)
+        if status != "ok" or what != want:
+            sc.addPyFile(_package_zip())
+            status, what, exe = _probe(sc)
+    except WorkerEnvironmentError:
+        raise
+    except Exception as e:
+        msg = (
+            f"Spark's Python workers failed to start a probe job ({type(e).__name__}: "
+            f"{' '.join(str(e).split())[:300]}); set PYSPARK_PYTHON to {sys.executable} (the interpreter "
+            "running flowspark) before the session starts"
+        )
+        raise WorkerEnvironmentError(msg) from None
+    if status != "ok":
+        msg = (
+            f"Spark's Python workers ({exe}) cannot import {what!r}, which flowspark needs; install "
+            f"flowspark[spark] for that interpreter, or set PYSPARK_PYTHON={sys.executable} before the session starts"
+        )
+        raise WorkerEnvironmentError(msg)
+    if what != want:
+        msg = (
+            f"Spark's Python workers ({exe}) run flowspark {what}, this driver runs {want}, and the shipped "
+            f"package did not take precedence; install flowspark {want} there or set PYSPARK_PYTHON={sys.executable}"
+        )
+        raise WorkerEnvironmentError(msg)
+    _READY.add(id(sc))
 
 
 def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None) -> Any:

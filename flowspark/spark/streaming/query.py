@@ -719,7 +719,7 @@ def run_streaming(
     if not isinstance(buckets, int) or buckets < 1:
         msg = f"flowspark.spark.run: buckets must be a positive int; received {buckets!r}"
         raise FlowsparkTypeError(msg)
-    from flowspark.spark.session import ship_user_modules
+    from flowspark.spark.session import ensure_workers, ship_user_modules
 
     ship_user_modules()
     plan = compile_streaming(flow)
@@ -731,6 +731,7 @@ def run_streaming(
         from flowspark.spark.session import get_session
 
         spark = get_session()
+    ensure_workers(spark)
     show: Optional[Callable[[str], None]]
     if progress is True:
         show = print
