@@ -27,7 +27,7 @@ import argparse
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from flowspark import ir
 from flowspark.dataflow import Dataflow
@@ -192,27 +192,16 @@ def to_mermaid(flow: Dataflow, recursive: bool = False) -> str:
         s1 -->|down| s2
     """
     model = _Model(flow, recursive)
-    ids: dict[str, str] = {}
     lines = ["flowchart TD", f"subgraph flow_{_safe(model.flow_id)}{_label(model.flow_id + ' (Dataflow)')}"]
-    groups = 0
-
-    def emit(step: _Step, depth: int) -> None:
-        nonlocal groups
-        pad = "  " * depth
-        if recursive and step.substeps:
-            gid = f"g{groups}"
-            groups += 1
-            lines.append(f"{pad}subgraph {gid}{_label(f'{step.step_id} ({step.op})')}")
-            for sub in step.substeps:
-                emit(sub, depth + 1)
-            lines.append(f"{pad}end")
-            return
-        sid = f"s{len(ids)}"
-        ids[step.step_id] = sid
-        lines.append(f"{pad}{sid}{_label(f'{step.step_id} ({step.op})')}")
-
-    for step in model.steps:
-        emit(step, 1)
+    ids = _nest(
+        model,
+        recursive,
+        1,
+        lines,
+        lambda step, gid: f"subgraph {gid}{_label(f'{step.step_id} ({step.op})')}",
+        lambda step, sid: f"{sid}{_label(f'{step.step_id} ({step.op})')}",
+        "end",
+    )
     lines.append("end")
     for edge in model.edges:
         for dst in edge.dsts:
@@ -257,34 +246,55 @@ def to_plantuml(flow: Dataflow, recursive: bool = False) -> str:
         @enduml
     """
     model = _Model(flow, recursive)
-    ids: dict[str, str] = {}
     lines = ["@startuml", f"title {model.flow_id} (Dataflow)"]
-    groups = 0
-
-    def emit(step: _Step, depth: int) -> None:
-        nonlocal groups
-        pad = "  " * depth
-        label = _puml_label(f"{step.step_id} ({step.op})")
-        if recursive and step.substeps:
-            gid = f"g{groups}"
-            groups += 1
-            lines.append(f"{pad}component {label} as {gid} {{")
-            for sub in step.substeps:
-                emit(sub, depth + 1)
-            lines.append(f"{pad}}}")
-            return
-        sid = f"s{len(ids)}"
-        ids[step.step_id] = sid
-        lines.append(f"{pad}component {label} as {sid}")
-
-    for step in model.steps:
-        emit(step, 0)
+    ids = _nest(
+        model,
+        recursive,
+        0,
+        lines,
+        lambda step, gid: f"component {_puml_label(f'{step.step_id} ({step.op})')} as {gid} {{",
+        lambda step, sid: f"component {_puml_label(f'{step.step_id} ({step.op})')} as {sid}",
+        "}",
+    )
     for edge in model.edges:
         for dst in edge.dsts:
             if edge.src in ids and dst in ids:
                 lines.append(f"{ids[edge.src]} --> {ids[dst]} : {edge.port}")
     lines.append("@enduml")
     return "\n".join(lines)
+
+
+def _nest(
+    model: _Model,
+    recursive: bool,
+    depth: int,
+    lines: list[str],
+    group: Callable[[_Step, str], str],
+    leaf: Callable[[_Step, str], str],
+    close: str,
+) -> dict[str, str]:
+    """Append the step tree to `lines` (groups for composites when `recursive`); return step id -> node id."""
+    ids: dict[str, str] = {}
+    groups = 0
+
+    def emit(step: _Step, depth: int) -> None:
+        nonlocal groups
+        pad = "  " * depth
+        if recursive and step.substeps:
+            gid = f"g{groups}"
+            groups += 1
+            lines.append(pad + group(step, gid))
+            for sub in step.substeps:
+                emit(sub, depth + 1)
+            lines.append(pad + close)
+            return
+        sid = f"s{len(ids)}"
+        ids[step.step_id] = sid
+        lines.append(pad + leaf(step, sid))
+
+    for step in model.steps:
+        emit(step, depth)
+    return ids
 
 
 def _safe(text: str) -> str:
