@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Union
+from typing import Any, Callable, Optional, Union
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,15 @@ class FlatMapBatch:
     `one_to_one`: the mapper returns exactly one output per input, in order (set by
     `map`, `map_value`, `key_on`, `key_rm`); a runtime may then keep each input's
     position for its output instead of numbering outputs.
+
+    `keeps`: what every output keeps of its input: `"items"` (the outputs are some of
+    the inputs, unchanged and in order: `filter`), `"key"` (each output is a `(key,
+    value)` pair with its input's key: `map_value`, `filter_value`, `flat_map_value`),
+    or `""` (nothing known).
+
+    `key_column`: set by `key_on` when its key function is proven to return
+    `item[key_column]` (`lambda r: r["user"]`, `operator.itemgetter("user")`); a runtime
+    whose items are rows may then compute the key from the column itself.
     """
 
     step_id: str
@@ -87,6 +96,8 @@ class FlatMapBatch:
     mapper: Callable[[list[Any]], Any]
     down: str
     one_to_one: bool = False
+    keeps: str = ""
+    key_column: Optional[str] = None
 
     @property
     def ups(self) -> tuple[str, ...]:

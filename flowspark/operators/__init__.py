@@ -20,6 +20,7 @@ from typing import Any, Callable, Generic, Literal, Optional, TypeVar
 from typing_extensions import Self, TypeAlias, override
 
 from flowspark import ir
+from flowspark._keyfn import column_of
 from flowspark._time import utc_now
 from flowspark.dataflow import Dataflow, KeyedStream, Stream, operator
 from flowspark.errors import FlowsparkBuildError, FlowsparkTypeError
@@ -451,7 +452,7 @@ def flat_map_value(step_id: str, up: KeyedStream[V], mapper: Callable[[V], Itera
             raise _not_iterable(step_id, "mapper", ws, k_v)
         return [(k, w) for w in ws]
 
-    return flat_map("flat_map", up, shim_mapper)
+    return _declare(flat_map("flat_map", up, shim_mapper), keeps="key")
 
 
 @operator
@@ -567,7 +568,7 @@ def map_value(step_id: str, up: KeyedStream[V], mapper: Callable[[V], W]) -> Key
             out.append((k, mapper(v)))
         return out
 
-    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), one_to_one=True)
+    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), one_to_one=True, keeps="key")
 
 
 def _check_bool(step_id: str, what: str, x: Any, result: Any) -> bool:
@@ -613,7 +614,7 @@ def filter(step_id: str, up: Stream[X], predicate: Callable[[X], bool]) -> Strea
                 _check_bool(step_id, "predicate", x, r)
         return out
 
-    return flat_map_batch("flat_map_batch", up, shim_mapper)
+    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), keeps="items")
 
 
 @operator
@@ -647,7 +648,7 @@ def filter_value(step_id: str, up: KeyedStream[V], predicate: Callable[[V], bool
                 out.append(k_v)
         return out
 
-    return flat_map_batch("flat_map_batch", up, shim_mapper)
+    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), keeps="items")
 
 
 @operator
@@ -762,7 +763,8 @@ def key_on(step_id: str, up: Stream[X], key: Callable[[X], str]) -> KeyedStream[
             out.append((k, x))
         return out
 
-    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), one_to_one=True)
+    keyed = flat_map_batch("flat_map_batch", up, shim_mapper)
+    return _declare(keyed, one_to_one=True, key_column=column_of(key))
 
 
 @operator

@@ -10,6 +10,7 @@ per-key driver sees each key's values in order with a fixed logical `now`.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
@@ -27,10 +28,41 @@ from flowspark.spark.codec import HEAD_LEN, decode_task_error, dumps, encode_tas
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
 from flowspark.spark.worker import dict_rows, no_gc, not_dict_error, stage_function
 
-__all__ = ["check_bounded", "describe_keyed_state", "describe_stage", "run_plan", "seq_column"]
+__all__ = ["check_bounded", "column_key_refusal", "describe_keyed_state", "describe_stage", "run_plan", "seq_column"]
 
+_log = logging.getLogger("flowspark.spark")
 _ROW_SCHEMA = "p int, k string, seq binary, v binary"
 _IN_SCHEMA = "k string, seq binary, v binary"
+#: Columns Spark adds when it keys rows itself (`ColumnKey`): the key and the row's position.
+_K = "__flowspark_k"
+_ID = "__flowspark_id"
+
+
+def column_key_refusal(df: Any, column: str) -> Optional[str]:
+    """Why Spark cannot key `df`'s rows on `column` as `row[column]` would, or `None` when it can.
+
+    Only a plain string column qualifies (what `key_on` accepts in Python, compared
+    and sorted as Python does); a missing, duplicated, non-string or collated column
+    keeps the Python pass, which then fails or succeeds exactly as it always did.
+
+    Args:
+        df: The source DataFrame.
+        column: The key column.
+
+    Returns:
+        The reason, or `None`.
+    """
+    from pyspark.sql.types import StringType
+
+    names = df.columns
+    if names.count(column) != 1:
+        return f"the DataFrame has {names.count(column)} columns named {column!r}"
+    if _K in names or _ID in names:
+        return f"the DataFrame has a column named {_K!r} or {_ID!r}"
+    dtype = df.schema[column].dataType
+    if type(dtype) is not StringType or dtype != StringType():
+        return f"column {column!r} is {dtype.simpleString()}, not string"
+    return None
 
 
 def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
@@ -54,7 +86,16 @@ def describe_stage(st: StagePlan) -> str:
         }[st.spec.source]
         return f"{head} -> mapInArrow"
     if st.kind == "keyed":
-        return f"({st.union()}) -> repartition(k) -> sortWithinPartitions(k, seq) -> mapInArrow"
+        python_key = f"({st.union()}) -> repartition(k) -> sortWithinPartitions(k, seq) -> mapInArrow"
+        ck = st.spec.column_key
+        if ck is None:
+            return python_key
+        return (
+            f"Spark keys the rows: the SparkSource DataFrame with k = column {ck.column!r} and each row's position "
+            f"-> repartition(k) -> sortWithinPartitions(k, position) -> mapInArrow (runs stage {ck.source_stage}'s "
+            f"steps, which then need no pass of their own); when {ck.column!r} is not a string column: "
+            f"{python_key}"
+        )
     return f"({st.union()}) -> mapInArrow"
 
 
@@ -116,6 +157,9 @@ class _Job:
         self.parallelism = max(1, spark.sparkContext.defaultParallelism)
         self.dfs: dict[int, Any] = {}
         self.persisted: list[Any] = []
+        self.loaded: dict[int, Any] = {}
+        #: How each keyed stage with a `ColumnKey` was lowered (for `explain` and tests).
+        self.lowered: dict[int, str] = {}
 
     # -- building DataFrames ------------------------------------------------
     def uses(self) -> dict[int, int]:
@@ -132,17 +176,53 @@ class _Job:
                 n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if sk.where == "native" and sk.sink.schema is None else 1)
         return n
 
+    def column_keys(self) -> dict[int, Any]:
+        """The keyed stages Spark keys itself (`ColumnKey`), each with its source DataFrame."""
+        keyed: dict[int, Any] = {}
+        for st in self.plan.stages:
+            ck = st.spec.column_key
+            if ck is None:
+                continue
+            df = self.source_df(self.plan.stages[ck.source_stage])
+            why = column_key_refusal(df, ck.column)
+            self.lowered[st.spec.stage_id] = (
+                f"Spark keys on column {ck.column!r}"
+                if why is None
+                else f"Python key pass in stage {ck.source_stage}: {why}"
+            )
+            if why is None:
+                keyed[st.spec.stage_id] = df
+        return keyed
+
+    def column_key_input(self, st: StagePlan, df: Any) -> Any:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        ck = st.spec.column_key
+        assert ck is not None
+        quoted = "`" + ck.column.replace("`", "``") + "`"
+        keyed = df.select(F.col(quoted).alias(_K), F.monotonically_increasing_id().alias(_ID), "*")
+        return keyed.repartition(self.partitions, _K).sortWithinPartitions(_K, _ID)
+
     def build(self) -> None:
         from pyspark import StorageLevel
 
         uses = self.uses()
+        column_keys = self.column_keys()
+        skipped = {self.plan.stages[s].spec.column_key.source_stage for s in column_keys}  # type: ignore[union-attr]
         for st in self.plan.stages:
-            df = self.stage_input(st).mapInArrow(stage_function(st.spec, self.now), _ROW_SCHEMA)
+            sid = st.spec.stage_id
+            if sid in skipped:
+                continue
+            if sid in column_keys:
+                fn = stage_function(st.spec, self.now, column_key=True)
+                df = self.column_key_input(st, column_keys[sid]).mapInArrow(fn, _ROW_SCHEMA)
+            else:
+                df = self.stage_input(st).mapInArrow(stage_function(st.spec, self.now), _ROW_SCHEMA)
             if uses.get(st.spec.stage_id, 0) > 1:
                 df = df.persist(StorageLevel.MEMORY_AND_DISK)
                 self.persisted.append(df)
                 _action(df.count)
-            self.dfs[st.spec.stage_id] = df
+            self.dfs[sid] = df
 
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
         from pyspark.sql import functions as F  # noqa: N812
@@ -184,10 +264,12 @@ class _Job:
         src = st.source
         si = spec.source_index
         if spec.source == "native":
-            try:
-                return src.load(self.spark)
-            except Exception as e:
-                raise _fail(sid, e) from e
+            if spec.stage_id not in self.loaded:
+                try:
+                    self.loaded[spec.stage_id] = src.load(self.spark)
+                except Exception as e:
+                    raise _fail(sid, e) from e
+            return self.loaded[spec.stage_id]
         if spec.source == "chunks":
             items = src.driver_items(sid)
             size = max(1, min(self.chunk_size, math.ceil(len(items) / (2 * self.parallelism)) or 1))
@@ -508,6 +590,10 @@ def run_plan(
     try:
         with no_gc():  # the driver pickles and unpickles items in bulk too
             job.build()
+            for stage, how in job.lowered.items():
+                _log.info("stage %d: %s", stage, how)
+                if explain:
+                    print(f"stage {stage}: {how}")
             job.run_sinks()
     finally:
         job.close()

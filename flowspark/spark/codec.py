@@ -50,6 +50,7 @@ __all__ = [
     "idx",
     "loads",
     "loads_all",
+    "position_seqs",
     "source_items",
     "source_seq",
 ]
@@ -83,6 +84,36 @@ def source_items(source_index: int, partition: int, start: int, xs: list[Any]) -
 
 
 _SEQ_DTYPE = [("s", ">u4"), ("p", ">u4"), ("q", ">u8")]
+_POSITION_BITS = 33
+
+
+def position_seqs(source_index: int, ids: Any) -> list[bytes]:
+    """The sequences of rows numbered by Spark's `monotonically_increasing_id()`.
+
+    That id is `partition << 33 | row position in the partition`, so the sequence
+    is the one a Python pass over the same partitions stamps (`source_items`).
+
+    Args:
+        source_index: Index of the input step in the flow.
+        ids: The ids (an int64 Arrow array or anything `numpy.asarray` takes).
+
+    Returns:
+        One 16-byte sequence per id.
+
+    Example:
+        >>> position_seqs(0, [(1 << 33) + 5]) == [source_seq(0, 1, 5)]
+        True
+    """
+    import numpy as np
+
+    ids = np.asarray(ids, dtype=np.int64)
+    n = len(ids)
+    arr = np.empty(n, dtype=_SEQ_DTYPE)
+    arr["s"] = source_index
+    arr["p"] = ids >> _POSITION_BITS
+    arr["q"] = ids & ((1 << _POSITION_BITS) - 1)
+    buf = arr.tobytes()
+    return [buf[i : i + HEAD_LEN] for i in range(0, n * HEAD_LEN, HEAD_LEN)]
 
 
 def source_seq(source_index: int, partition: int, position: int) -> bytes:

@@ -28,7 +28,7 @@ from flowspark.outputs import DriverSink, DynamicSink, FixedPartitionedSink
 from flowspark.runtime.driver import idx
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink
-from flowspark.spark.plan import InspectPlan, KeyedStep, Op, Plan, Port, SinkPlan, StagePlan, StageSpec
+from flowspark.spark.plan import ColumnKey, InspectPlan, KeyedStep, Op, Plan, Port, SinkPlan, StagePlan, StageSpec
 
 __all__ = ["as_graph", "compile_flow"]
 
@@ -187,7 +187,18 @@ def compile_flow(graph: Any) -> Plan:
                 _check_pickle(node.step_id, "mapper", node.mapper)
                 b = loc[node.up]
                 one = node.one_to_one
-                b.ops.append(Op("map", node.step_id, (node.up,), (node.down,), node.mapper, one_to_one=one))
+                b.ops.append(
+                    Op(
+                        "map",
+                        node.step_id,
+                        (node.up,),
+                        (node.down,),
+                        node.mapper,
+                        one_to_one=one,
+                        keeps=node.keeps,
+                        key_column=node.key_column,
+                    )
+                )
                 b.steps.append(node.step_id)
                 loc[node.down] = b
                 depth[node.down] = depth[node.up] + (0 if one else _COMPONENT_LEN)
@@ -272,8 +283,17 @@ def compile_flow(graph: Any) -> Plan:
     def value_only(stream: str) -> bool:
         return stream in loc[stream].key_for and stream not in plain
 
+    readers: dict[str, int] = {}
+    for b in stages:
+        for u, _pad in b.inputs:
+            readers[u] = readers.get(u, 0) + 1
+
     plans: list[StagePlan] = []
     for b in stages:
+        column_key = None
+        if b.kind == "keyed" and len(b.inputs) == 1:
+            u = b.inputs[0][0]
+            column_key = _column_key(loc[u], u, readers.get(u, 0) == 1 and u not in plain)
         spec = StageSpec(
             stage_id=b.stage_id,
             source=b.source,
@@ -285,6 +305,7 @@ def compile_flow(graph: Any) -> Plan:
             source_index=b.source_index,
             input_value_only=b.kind == "keyed" and value_only(b.inputs[0][0]),
             depth_in=b.depth_in,
+            column_key=column_key,
         )
         inputs = tuple((*ref(u), pad) for u, pad in b.inputs)
         plans.append(StagePlan(spec, b.kind, inputs, tuple(b.steps), b.source_obj, b.bounded))
@@ -294,6 +315,27 @@ def compile_flow(graph: Any) -> Plan:
         sinks=tuple(SinkPlan(sid, sink, where, ref(up)) for sid, sink, where, up in sinks),
         inspects=tuple(InspectPlan(sid, fn, ref(side), i) for i, (sid, fn, side) in enumerate(inspects)),
     )
+
+
+def _column_key(src: _Builder, port: str, only_reader: bool) -> Optional[ColumnKey]:
+    """Whether Spark can key the rows of stage `src` for the keyed stage reading `port` (see `ColumnKey`)."""
+    if not only_reader or src.kind != "source" or src.source != "native" or src.ports != [port]:
+        return None
+    stream = src.entry
+    column = None
+    for o in src.ops:
+        if o.ups != (stream,) or len(o.downs) != 1:
+            return None
+        if o.kind == "map" and column is None and o.key_column is not None:
+            column = o.key_column
+        elif not (
+            o.kind == "pass" or (o.kind == "map" and o.keeps in (("items",) if column is None else ("items", "key")))
+        ):
+            return None
+        stream = o.downs[0]
+    if column is None or stream != port:
+        return None
+    return ColumnKey(column, src.stage_id, src.source_step, src.source_index, src.entry, tuple(src.ops), port)
 
 
 def as_graph(flow: Any) -> ir.Graph:

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 
 from flowspark.runtime.driver import StepDriver
 
-__all__ = ["InspectPlan", "KeyedStep", "Op", "Plan", "Port", "SinkPlan", "StagePlan", "StageSpec"]
+__all__ = ["ColumnKey", "InspectPlan", "KeyedStep", "Op", "Plan", "Port", "SinkPlan", "StagePlan", "StageSpec"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ class Op:
     `side`), `pass` (redistribute), `branch` or `merge`. `one_to_one`: the IR's
     `FlatMapBatch.one_to_one` (one output per input: it keeps the input's sequence). `ups`/`downs` are
     stream ids; for `merge`, `pads[i]` is the upstream's 4-byte index (inserted
-    after the source header) then zero padding (appended).
+    after the source header) then zero padding (appended). `keeps` and `key_column`:
+    the IR's `FlatMapBatch` facts of the same names.
     """
 
     kind: str
@@ -44,6 +45,8 @@ class Op:
     fn: Optional[Callable[..., Any]] = None
     pads: tuple[bytes, ...] = ()
     one_to_one: bool = False
+    keeps: str = ""
+    key_column: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,29 @@ class KeyedStep:
             A `StepDriver`.
         """
         return StepDriver(self.step_id, self.builder, self.level)
+
+
+@dataclass(frozen=True)
+class ColumnKey:
+    """A keyed stage whose input Spark can key by itself: rows of a `SparkSource` keyed on a column.
+
+    The source stage `source_stage` reads a `SparkSource` and its only port,
+    `port`, is this keyed stage's input; its `ops` are item-keeping steps
+    (`filter`), one `key_on` whose key function is proven to be `row[column]`, then
+    key-keeping steps (`map_value`, `filter_value`, `flat_map_value`, `filter`). A
+    lowering may then compute the key column and each row's position in Spark,
+    shuffle and sort the rows natively, and run `ops` inside the keyed stage
+    (one Python pass instead of two); when the column is not a string column it
+    keeps the source stage's Python pass.
+    """
+
+    column: str
+    source_stage: int
+    source_step: str
+    source_index: int
+    entry: str
+    ops: tuple[Op, ...]
+    port: str
 
 
 @dataclass(frozen=True)
@@ -96,6 +122,7 @@ class StageSpec:
     not empty, the chain's emits) belong to. `input_value_only`: for a keyed stage,
     whether its input rows carry only the value in `v` (see `Port.value_only`).
     `depth_in`: for a keyed stage, the sequence length of its input stream.
+    `column_key`: for a keyed stage, set when Spark can key its input (`ColumnKey`).
     """
 
     stage_id: int
@@ -108,6 +135,7 @@ class StageSpec:
     source_index: int = 0
     input_value_only: bool = False
     depth_in: int = 0
+    column_key: Optional[ColumnKey] = None
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,15 @@ from flowspark._time import use_clock
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
 from flowspark.operators import _all_pairs, _check_bool
 from flowspark.runtime.driver import NOT_FOUND, bad_item_error, drive_chain, failing_item, idx
-from flowspark.spark.codec import apply_pad, dumps, encode_task_error, loads, loads_all, source_items
+from flowspark.spark.codec import (
+    apply_pad,
+    dumps,
+    encode_task_error,
+    loads,
+    loads_all,
+    position_seqs,
+    source_items,
+)
 from flowspark.spark.plan import Op, StageSpec
 
 __all__ = [
@@ -157,6 +165,67 @@ def _first_bad_key_item(step_id: str, xs: list[Any]) -> FlowsparkTypeError:
     raise AssertionError(step_id)
 
 
+def _checked_keys(step_id: str, xs: list[Any]) -> list[str]:
+    """The keys of items entering stateful step `step_id`, checked column-wise: 2-tuples with a str key."""
+    if not _all_pairs(xs):
+        raise _fail(step_id, _first_bad_key_item(step_id, xs))
+    ks = list(map(_first, xs))
+    if set(map(type, ks)) != {str}:
+        raise _fail(step_id, _first_bad_key_item(step_id, xs))
+    return ks
+
+
+def _column_key_runs(spec: StageSpec, batches: Iterator[Any]) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:
+    """Group rows Spark keyed and sorted (`ColumnKey`) into `(key, [(seq, value)])` runs.
+
+    Input batches: `k` (the key column), `id` (`monotonically_increasing_id`), then the
+    source's columns, sorted by `(k, id)`. Each batch's rows become dicts, run through
+    the source stage's steps (their filters, the `key_on`, key-keeping steps), and the
+    resulting items, still grouped by key, are cut into runs; a key's rows may span
+    batches.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ck = spec.column_key
+    assert ck is not None
+    key_for = spec.chain[0].step_id
+    cur_key: Optional[str] = None
+    buf: list[tuple[bytes, Any]] = []
+    for b in batches:
+        if not b.num_rows:
+            continue
+        try:
+            rows = pa.RecordBatch.from_arrays(b.columns[2:], names=b.schema.names[2:]).to_pylist()
+        except Exception as e:
+            raise _fail(ck.source_step, e) from e
+        streams = {ck.entry: list(zip(position_seqs(ck.source_index, b.column(1)), rows, strict=True))}
+        _apply_ops(ck.ops, streams)
+        items = streams.get(ck.port)
+        if not items:
+            continue
+        xs = list(map(_second, items))
+        ks = _checked_keys(key_for, xs)
+        ss = list(map(_first, items))
+        vs = list(map(_second, xs))
+        runs = pc.run_end_encode(pa.array(ks, pa.string()))
+        start = 0
+        for key, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist(), strict=True):
+            if key != cur_key:
+                if cur_key is not None:
+                    if key < cur_key:  # the IR proved keys are the column's: Spark sorted them
+                        msg = f"step {key_for!r}: keys arrived out of order ({cur_key!r} then {key!r})"
+                        raise AssertionError(msg)
+                    yield cur_key, buf
+                cur_key = key
+                buf = list(zip(ss[start:end], vs[start:end], strict=True))
+            else:
+                buf.extend(zip(ss[start:end], vs[start:end], strict=True))
+            start = end
+    if cur_key is not None:
+        yield cur_key, buf
+
+
 def _port_rows(
     spec: StageSpec,
     streams: dict[str, list[tuple[bytes, Any]]],
@@ -174,12 +243,7 @@ def _port_rows(
         out_p.extend([p] * n)
         out_s.extend(map(_first, items))
         if port.key_for is not None:
-            # Checked column-wise: every item a 2-tuple whose key is a str.
-            if not _all_pairs(xs):
-                raise _fail(port.key_for, _first_bad_key_item(port.key_for, xs))
-            ks = list(map(_first, xs))
-            if set(map(type, ks)) != {str}:
-                raise _fail(port.key_for, _first_bad_key_item(port.key_for, xs))
+            ks = _checked_keys(port.key_for, xs)
             out_k.extend(ks)
             out_v.extend(map(dumps, map(_second, xs) if port.value_only else xs))
         else:
@@ -355,7 +419,7 @@ def _entry_items_from_source(spec: StageSpec, batch: Any, partition_id: int) -> 
 
 
 def stage_function(
-    spec: StageSpec, now: datetime, out_batch_rows: int = 8192
+    spec: StageSpec, now: datetime, out_batch_rows: int = 8192, column_key: bool = False
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """Build the function `mapInArrow` calls for one stage.
 
@@ -363,6 +427,9 @@ def stage_function(
         spec: The stage.
         now: The logical time of the run (installed as the clock of `flowspark._time`).
         out_batch_rows: Rows per output Arrow batch.
+        column_key: For a keyed stage with `spec.column_key`: its input rows are the
+            source's rows keyed and sorted by Spark (see `_column_key_runs`), not the
+            rows of the source stage's port.
 
     Returns:
         A function from an iterator of `pyarrow.RecordBatch` to one of output batches
@@ -394,7 +461,7 @@ def stage_function(
 
         try:
             with use_clock(lambda: now), no_gc():
-                for cols in _stage_columns(spec, batches, now, partition_id, out_batch_rows):
+                for cols in _stage_columns(spec, batches, now, partition_id, out_batch_rows, column_key):
                     if cols[0]:
                         yield mk(cols)
         except FlowsparkRuntimeError as f:
@@ -404,14 +471,15 @@ def stage_function(
 
 
 def _stage_columns(
-    spec: StageSpec, batches: Iterator[Any], now: datetime, partition_id: int, out_rows: int
+    spec: StageSpec, batches: Iterator[Any], now: datetime, partition_id: int, out_rows: int, column_key: bool
 ) -> Iterator[tuple[list[int], list[Optional[str]], list[bytes], list[bytes]]]:
     src = spec.source
     if spec.chain:
         # Keyed stage: rows arrive sorted by (k, seq).
         drivers = tuple(ks.driver() for ks in spec.chain)
         pending: list[tuple[bytes, Any]] = []
-        for key, items in _key_runs(batches, spec.input_value_only):
+        runs = _column_key_runs(spec, batches) if column_key else _key_runs(batches, spec.input_value_only)
+        for key, items in runs:
             emits = drive_chain(drivers, key, items, now=now)[0]
             if emits:
                 pending.extend([(s, (key, w)) for s, w in emits])

@@ -1,0 +1,202 @@
+"""Spark keys the rows of a SparkSource itself when `key_on` reads one string column (`ColumnKey`).
+
+Every case runs the flow twice on the same DataFrame: once with a key function
+flowspark recognises (`lambda r: r["user"]`: Spark computes the key and each row's
+position, one Python pass) and once with an equivalent it does not recognise
+(`lambda r: (r["user"],)[0]`: today's two Python passes). The outputs must be the
+same list, in the same order, and the errors the same text.
+"""
+
+from __future__ import annotations
+
+import operator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import flowspark.operators as op
+from flowspark.dataflow import Dataflow
+from flowspark.errors import FlowsparkRuntimeError
+from flowspark.spark import SparkSink, SparkSource, compile_flow, run
+from flowspark.spark.batch import describe_stage
+from flowspark.testing import TestingSink, TestingSource, per_key, run_main
+
+pytestmark = [pytest.mark.spark]
+
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+
+def recognised(r):
+    return r["user"]
+
+
+def not_recognised(r):
+    return (r["user"],)[0]
+
+
+def _count(state, v):
+    n = (state or 0) + 1
+    return n, (n, v)
+
+
+def build(source: Any, key: Any, out: list[Any], pre_filter: bool = True, tail: str = "count") -> Dataflow:
+    flow = Dataflow("ck")
+    rows = op.input("inp", flow, source)
+    if pre_filter:
+        rows = op.filter("small", rows, lambda r: r["v"] is None or r["v"] < 35)
+    keyed = op.key_on("key", rows, key)
+    vals = op.map_value("v", keyed, lambda r: r["v"])
+    vals = op.flat_map_value("twice", vals, lambda v: [v, -1] if v is not None and v % 5 == 0 else [v])
+    if tail == "count":
+        s = op.stateful_map("count", vals, _count)
+        s = op.fold_final("last", s, lambda: None, lambda acc, nv: nv)
+    else:
+        s = op.collect("batches", vals, timedelta(hours=1), 3)
+    op.output("out", s, TestingSink(out))
+    return flow
+
+
+def _df(spark, rows, schema="user string, v long", partitions=3):
+    return spark.createDataFrame(rows, schema).repartition(partitions)
+
+
+def _run_both(spark, df, **kw):
+    out_native: list[Any] = []
+    out_python: list[Any] = []
+    run(build(SparkSource.from_dataframe(df), recognised, out_native, **kw), spark=spark, start_time=T0)
+    run(build(SparkSource.from_dataframe(df), not_recognised, out_python, **kw), spark=spark, start_time=T0)
+    return out_native, out_python
+
+
+def test_plan_says_which_lowering_a_keyed_stage_gets():
+    native = compile_flow(build(SparkSource("parquet", "/x"), recognised, []))
+    python = compile_flow(build(SparkSource("parquet", "/x"), not_recognised, []))
+    assert native.stages[1].spec.column_key is not None
+    assert python.stages[1].spec.column_key is None
+    assert "Spark keys the rows" in native.render(describe_stage)
+    assert "Spark keys the rows" not in python.render(describe_stage)
+
+
+def test_same_results_and_order_as_the_python_pass(spark):
+    rows = [(f"u{i % 7}", i % 40) for i in range(300)]
+    df = _df(spark, rows)
+    native, python = _run_both(spark, df)
+    assert native == python
+    assert len(native) == 7
+    native, python = _run_both(spark, df, tail="collect")
+    assert native == python
+
+
+def test_same_results_as_in_memory_per_key(spark):
+    rows = [(f"u{i % 5}", i % 40) for i in range(200)]
+    df = spark.createDataFrame(rows, "user string, v long")  # contiguous slices: partition order is list order
+    out: list[Any] = []
+    run(build(SparkSource.from_dataframe(df), recognised, out), spark=spark, start_time=T0)
+    ref: list[Any] = []
+    run_main(
+        build(TestingSource([{"user": u, "v": v} for u, v in rows]), recognised, ref), clock="fixed", start_time=T0
+    )
+    assert per_key(out) == per_key(ref)
+
+
+def test_itemgetter_parquet_to_spark_sink(spark, tmp_path):
+    rows = [(f"u{i % 3}", i) for i in range(60)]
+    spark.createDataFrame(rows, "user string, v long").repartition(2).write.parquet(str(tmp_path / "in"))
+
+    def job(key: Any, where: str) -> Dataflow:
+        flow = Dataflow("job")
+        k = op.key_on("key", op.input("inp", flow, SparkSource("parquet", str(tmp_path / "in"))), key)
+        c = op.stateful_map(
+            "count", k, lambda s, r: ((s or 0) + 1, {"user": r["user"], "v": r["v"], "n": (s or 0) + 1})
+        )
+        op.output("out", op.key_rm("rm", c), SparkSink("parquet", str(tmp_path / where)))
+        return flow
+
+    run(job(operator.itemgetter("user"), "a"), spark=spark)
+    run(job(not_recognised, "b"), spark=spark)
+    a = spark.read.parquet(str(tmp_path / "a"))
+    b = spark.read.parquet(str(tmp_path / "b"))
+    assert a.count() == 60
+    assert a.exceptAll(b).count() == 0
+    assert b.exceptAll(a).count() == 0
+
+
+def _error(spark, df, key):
+    with pytest.raises(FlowsparkRuntimeError) as info:
+        run(build(SparkSource.from_dataframe(df), key, [], pre_filter=False), spark=spark, start_time=T0)
+    return info.value
+
+
+def test_null_key_raises_the_same_error_naming_the_step(spark):
+    df = _df(spark, [("a", 1), (None, 2), ("b", 3)])
+    native = _error(spark, df, recognised)
+    python = _error(spark, df, not_recognised)
+    assert str(native) == str(python)
+    assert native.step_id == "ck.key.flat_map_batch"
+    assert "key function must return a str; returned None" in str(native)
+
+
+def test_null_keys_a_filter_drops_are_no_error(spark):
+    df = _df(spark, [("a", 1), (None, 99), ("b", 3)])
+    native, python = _run_both(spark, df)
+    assert native == python
+    assert sorted(k for k, _ in native) == ["a", "b"]
+
+
+def test_a_non_string_column_keeps_the_python_pass_and_its_error(spark):
+    df = _df(spark, [(1, 1)], schema="user long, v long")
+    native = _error(spark, df, recognised)
+    python = _error(spark, df, not_recognised)
+    assert str(native) == str(python)
+    assert "key function must return a str; returned 1 of type int" in str(native)
+
+
+def test_a_missing_column_keeps_the_python_pass_and_its_error(spark):
+    df = _df(spark, [("a", 1)], schema="name string, v long")
+    native = _error(spark, df, recognised)
+    python = _error(spark, df, not_recognised)
+    assert str(native) == str(python)
+    assert native.exc_type == "KeyError"
+
+
+def test_explain_prints_the_lowering_each_keyed_stage_got(spark, capsys):
+    df = _df(spark, [("a", 1)])
+    run(build(SparkSource.from_dataframe(df), recognised, []), spark=spark, explain=True)
+    assert "stage 1: Spark keys on column 'user'" in capsys.readouterr().out
+    df = _df(spark, [(1, 1)], schema="user long, v long")
+    with pytest.raises(FlowsparkRuntimeError):
+        run(build(SparkSource.from_dataframe(df), recognised, []), spark=spark, explain=True)
+    assert "stage 1: Python key pass in stage 0: column 'user' is bigint, not string" in capsys.readouterr().out
+
+
+ROWS = st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", None]), st.integers(0, 60)), max_size=40)
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=ROWS, parts=st.integers(1, 3), tail=st.sampled_from(["count", "collect"]))
+def test_both_lowerings_agree(spark, rows, parts, tail):
+    """Random rows (some with a null key, which the filter keeps only when `v` < 35): same output or same error.
+
+    With null keys in several partitions, which bad row a run reports first may differ
+    (the Python pass reads partitions in parallel), so errors compare by step and type
+    and must name one of the bad rows.
+    """
+    df = _df(spark, rows, partitions=parts)
+    bad = [{"user": None, "v": v} for u, v in rows if u is None and v < 35]
+    results = []
+    for key in (recognised, not_recognised):
+        out: list[Any] = []
+        try:
+            run(build(SparkSource.from_dataframe(df), key, out, tail=tail), spark=spark, start_time=T0)
+            results.append(("ok", out))
+        except FlowsparkRuntimeError as e:
+            named = any(f"returned None of type NoneType for item {b!r}" in str(e) for b in bad)
+            results.append(("error", e.step_id, e.exc_type, named))
+    assert results[0] == results[1]
+    assert results[0][0] == ("error" if bad else "ok")
+    if bad:
+        assert results[0][3], "the error names one of the rows with a null key"
