@@ -213,7 +213,7 @@ class TestingSource(FixedPartitionedSource[X, int], DriverItems):
     @override
     def driver_items(self, step_id: str) -> list[Any]:
         raw = self._ib
-        if isinstance(raw, list) and not any(type(x) in _MARKER_TYPES for x in raw):
+        if isinstance(raw, list) and _MARKER_TYPES.isdisjoint(set(map(type, raw))):
             return raw  # fast path: no marker (subclasses of the markers are not expected)
         items: list[Any] = []
         for x in raw:

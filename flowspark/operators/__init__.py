@@ -1054,14 +1054,11 @@ class _StatefulMapLogic(StatefulBatchLogic[V, W, Optional[S]]):
         append = emits.append
         for v in values:
             res = mapper(state, v)
-            if type(res) is tuple and len(res) == 2:
-                state, w = res
-            else:
+            try:
                 # Any 2-item iterable unpacks (as in Bytewax), e.g. `[state, emit]`.
-                try:
-                    state, w = res
-                except (TypeError, ValueError):
-                    raise _bad_mapper_return(self.step_id, "(updated_state, emit)", res) from None
+                state, w = res
+            except (TypeError, ValueError):
+                raise _bad_mapper_return(self.step_id, "(updated_state, emit)", res) from None
             append(w)
         self.state = state
         return (emits, state is None)

@@ -33,8 +33,7 @@ __all__ = ["check_bounded", "column_key_refusal", "describe_keyed_state", "descr
 _log = logging.getLogger("flowspark.spark")
 _ROW_SCHEMA = "p int, k string, seq binary, v binary"
 _IN_SCHEMA = "k string, seq binary, v binary"
-#: Columns Spark adds when it keys rows itself (`ColumnKey`): the key and the row's position.
-_K = "__flowspark_k"
+#: The column Spark adds when it keys rows itself (`ColumnKey`): the row's partition and position.
 _ID = "__flowspark_id"
 
 
@@ -57,8 +56,8 @@ def column_key_refusal(df: Any, column: str) -> Optional[str]:
     names = df.columns
     if names.count(column) != 1:
         return f"the DataFrame has {names.count(column)} columns named {column!r}"
-    if _K in names or _ID in names:
-        return f"the DataFrame has a column named {_K!r} or {_ID!r}"
+    if _ID in names:
+        return f"the DataFrame has a column named {_ID!r}"
     dtype = df.schema[column].dataType
     if type(dtype) is not StringType or dtype != StringType():
         return f"column {column!r} is {dtype.simpleString()}, not string"
@@ -158,6 +157,8 @@ class _Job:
         self.dfs: dict[int, Any] = {}
         self.persisted: list[Any] = []
         self.loaded: dict[int, Any] = {}
+        #: Each stage's input DataFrame and whether Spark keyed it (`ColumnKey`).
+        self.inputs: dict[int, tuple[Any, bool]] = {}
         #: How each keyed stage with a `ColumnKey` was lowered (for `explain` and tests).
         self.lowered: dict[int, str] = {}
 
@@ -173,7 +174,8 @@ class _Job:
             n[s] = n.get(s, 0) + 1
         for sk in self.plan.sinks:
             if sk.where != "driver":
-                n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if sk.where == "native" and sk.sink.schema is None else 1)
+                two = sk.where == "native" and sk.sink.schema is None and not sk.only_reader
+                n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if two else 1)
         return n
 
     def column_keys(self) -> dict[int, Any]:
@@ -199,9 +201,9 @@ class _Job:
 
         ck = st.spec.column_key
         assert ck is not None
-        quoted = "`" + ck.column.replace("`", "``") + "`"
-        keyed = df.select(F.col(quoted).alias(_K), F.monotonically_increasing_id().alias(_ID), "*")
-        return keyed.repartition(self.partitions, _K).sortWithinPartitions(_K, _ID)
+        key = F.col("`" + ck.column.replace("`", "``") + "`")
+        keyed = df.select(F.monotonically_increasing_id().alias(_ID), "*")
+        return keyed.repartition(self.partitions, key).sortWithinPartitions(key, _ID)
 
     def build(self) -> None:
         from pyspark import StorageLevel
@@ -214,10 +216,11 @@ class _Job:
             if sid in skipped:
                 continue
             if sid in column_keys:
-                fn = stage_function(st.spec, self.now, column_key=True)
-                df = self.column_key_input(st, column_keys[sid]).mapInArrow(fn, _ROW_SCHEMA)
+                self.inputs[sid] = (self.column_key_input(st, column_keys[sid]), True)
             else:
-                df = self.stage_input(st).mapInArrow(stage_function(st.spec, self.now), _ROW_SCHEMA)
+                self.inputs[sid] = (self.stage_input(st), False)
+            inp, column_key = self.inputs[sid]
+            df = inp.mapInArrow(stage_function(st.spec, self.now, column_key=column_key), _ROW_SCHEMA)
             if uses.get(st.spec.stage_id, 0) > 1:
                 df = df.persist(StorageLevel.MEMORY_AND_DISK)
                 self.persisted.append(df)
@@ -339,6 +342,14 @@ class _Job:
         df = self.port_df(*sk.port)
         schema = sk.sink.schema
         if schema is None:
+            if sk.only_reader:
+                # The stage runs twice (its first 100 items, then everything as typed
+                # rows): keep its input, so its source is read and shuffled only once.
+                from pyspark import StorageLevel
+
+                inp = self.inputs[sk.port[0]][0].persist(StorageLevel.MEMORY_AND_DISK)
+                self.persisted.append(inp)
+            # Inferred from the stage's first 100 items.
             sample = [loads(r.v) for r in _action(lambda: df.select("v").limit(100).collect())]
             if not sample:
                 return
@@ -349,7 +360,16 @@ class _Job:
         elif isinstance(schema, str):
             schema = StructType.fromDDL(schema)
         arrow_schema = to_arrow_schema(schema)
-        rows = df.mapInArrow(_to_rows(sk.step_id, arrow_schema), schema)
+        if sk.only_reader:
+            # One pass: the stage itself emits the sink's rows as typed columns.
+            stage = sk.port[0]
+            inp, column_key = self.inputs[stage]
+            fn = stage_function(
+                self.plan.stages[stage].spec, self.now, column_key=column_key, sink=(sk.step_id, arrow_schema)
+            )
+            rows = inp.mapInArrow(fn, schema)
+        else:
+            rows = df.mapInArrow(_to_rows(sk.step_id, arrow_schema), schema)
         _action(lambda: sk.sink.write(rows))
 
     def collect_driver(self) -> None:

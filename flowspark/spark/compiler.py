@@ -288,6 +288,10 @@ def compile_flow(graph: Any) -> Plan:
         for u, _pad in b.inputs:
             readers[u] = readers.get(u, 0) + 1
 
+    def sink_only_reader(stream: str) -> bool:
+        n_sinks = sum(1 for _sid, _sink, _where, up in sinks if up == stream)
+        return len(loc[stream].ports) == 1 and n_sinks == 1 and stream not in readers
+
     plans: list[StagePlan] = []
     for b in stages:
         column_key = None
@@ -312,7 +316,7 @@ def compile_flow(graph: Any) -> Plan:
     return Plan(
         flow_id=graph.flow_id,
         stages=tuple(plans),
-        sinks=tuple(SinkPlan(sid, sink, where, ref(up)) for sid, sink, where, up in sinks),
+        sinks=tuple(SinkPlan(sid, sink, where, ref(up), sink_only_reader(up)) for sid, sink, where, up in sinks),
         inspects=tuple(InspectPlan(sid, fn, ref(side), i) for i, (sid, fn, side) in enumerate(inspects)),
     )
 

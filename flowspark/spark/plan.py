@@ -176,13 +176,16 @@ class SinkPlan:
     `where` is `driver` (collected and written at the driver in sequence order:
     `TestingSink`, `StdOutSink`), `dynamic` (one sink partition per Spark
     partition), `fixed` (items routed by `part_fn` to the sink's partitions) or
-    `native` (a Spark writer, `flowspark.spark.outputs`).
+    `native` (a Spark writer, `flowspark.spark.outputs`). `only_reader`: the sink's
+    port is the only port of its stage and nothing else reads it (a lowering may
+    then have the stage emit the sink's rows itself).
     """
 
     step_id: str
     sink: Any
     where: str
     port: tuple[int, int]
+    only_reader: bool = False
 
 
 @dataclass(frozen=True)

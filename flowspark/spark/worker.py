@@ -178,8 +178,8 @@ def _checked_keys(step_id: str, xs: list[Any]) -> list[str]:
 def _column_key_runs(spec: StageSpec, batches: Iterator[Any]) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:
     """Group rows Spark keyed and sorted (`ColumnKey`) into `(key, [(seq, value)])` runs.
 
-    Input batches: `k` (the key column), `id` (`monotonically_increasing_id`), then the
-    source's columns, sorted by `(k, id)`. Each batch's rows become dicts, run through
+    Input batches: `id` (`monotonically_increasing_id`), then the source's columns,
+    sorted by `(key column, id)`. Each batch's rows become dicts, run through
     the source stage's steps (their filters, the `key_on`, key-keeping steps), and the
     resulting items, still grouped by key, are cut into runs; a key's rows may span
     batches.
@@ -196,10 +196,10 @@ def _column_key_runs(spec: StageSpec, batches: Iterator[Any]) -> Iterator[tuple[
         if not b.num_rows:
             continue
         try:
-            rows = pa.RecordBatch.from_arrays(b.columns[2:], names=b.schema.names[2:]).to_pylist()
+            rows = pa.RecordBatch.from_arrays(b.columns[1:], names=b.schema.names[1:]).to_pylist()
         except Exception as e:
             raise _fail(ck.source_step, e) from e
-        streams = {ck.entry: list(zip(position_seqs(ck.source_index, b.column(1)), rows, strict=True))}
+        streams = {ck.entry: list(zip(position_seqs(ck.source_index, b.column(0)), rows, strict=True))}
         _apply_ops(ck.ops, streams)
         items = streams.get(ck.port)
         if not items:
@@ -284,9 +284,10 @@ def dict_rows(step_id: str, items: list[Any], arrow_schema: Any) -> Any:
     """
     import pyarrow as pa
 
-    bad = next((x for x in items if not isinstance(x, dict)), None)
-    if bad is not None:
-        raise _fail(step_id, not_dict_error(step_id, bad))
+    if set(map(type, items)) != {dict}:
+        bad = next((x for x in items if not isinstance(x, dict)), None)
+        if bad is not None:
+            raise _fail(step_id, not_dict_error(step_id, bad))
     try:
         return pa.RecordBatch.from_pylist(items, schema=arrow_schema)
     except Exception as e:
@@ -419,7 +420,11 @@ def _entry_items_from_source(spec: StageSpec, batch: Any, partition_id: int) -> 
 
 
 def stage_function(
-    spec: StageSpec, now: datetime, out_batch_rows: int = 8192, column_key: bool = False
+    spec: StageSpec,
+    now: datetime,
+    out_batch_rows: int = 8192,
+    column_key: bool = False,
+    sink: Optional[tuple[str, Any]] = None,
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """Build the function `mapInArrow` calls for one stage.
 
@@ -430,10 +435,14 @@ def stage_function(
         column_key: For a keyed stage with `spec.column_key`: its input rows are the
             source's rows keyed and sorted by Spark (see `_column_key_runs`), not the
             rows of the source stage's port.
+        sink: `(step id, Arrow schema)` of the `SparkSink` that is the only reader of the
+            stage's only port (`SinkPlan.only_reader`): the stage then emits the sink's
+            rows (dict items as typed columns) instead of `(p, k, seq, v)` rows.
 
     Returns:
         A function from an iterator of `pyarrow.RecordBatch` to one of output batches
-        with columns `p` (int32), `k` (string), `seq` (binary), `v` (binary).
+        with columns `p` (int32), `k` (string), `seq` (binary), `v` (binary), or the
+        sink's columns.
     """
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
@@ -448,7 +457,10 @@ def stage_function(
             partition_id = 0
         schema = pa.schema([("p", pa.int32()), ("k", pa.string()), ("seq", pa.binary()), ("v", pa.binary())])
 
-        def mk(cols: tuple[list[int], list[Optional[str]], list[bytes], list[bytes]]) -> Any:
+        def port_batch(items: list[tuple[bytes, Any]]) -> Any:
+            cols = run_stage_rows(spec, items)
+            if not cols[0]:
+                return None
             return pa.RecordBatch.from_arrays(
                 [
                     pa.array(cols[0], pa.int32()),
@@ -459,20 +471,28 @@ def stage_function(
                 schema=schema,
             )
 
+        def sink_batch(items: list[tuple[bytes, Any]]) -> Any:
+            assert sink is not None
+            xs = stage_streams(spec, items).get(spec.ports[0].stream)
+            return dict_rows(sink[0], list(map(_second, xs)), sink[1]) if xs else None
+
+        out = port_batch if sink is None else sink_batch
         try:
             with use_clock(lambda: now), no_gc():
-                for cols in _stage_columns(spec, batches, now, partition_id, out_batch_rows, column_key):
-                    if cols[0]:
-                        yield mk(cols)
+                for items in _stage_items(spec, batches, now, partition_id, out_batch_rows, column_key):
+                    b = out(items)
+                    if b is not None:
+                        yield b
         except FlowsparkRuntimeError as f:
             raise RuntimeError(encode_task_error(f)) from None
 
     return fn
 
 
-def _stage_columns(
+def _stage_items(
     spec: StageSpec, batches: Iterator[Any], now: datetime, partition_id: int, out_rows: int, column_key: bool
-) -> Iterator[tuple[list[int], list[Optional[str]], list[bytes], list[bytes]]]:
+) -> Iterator[list[tuple[bytes, Any]]]:
+    """The items of the stage's entry stream (or its chain's emits), in lists of about `out_rows`."""
     src = spec.source
     if spec.chain:
         # Keyed stage: rows arrive sorted by (k, seq).
@@ -484,15 +504,15 @@ def _stage_columns(
             if emits:
                 pending.extend([(s, (key, w)) for s, w in emits])
             if len(pending) >= out_rows:
-                yield run_stage_rows(spec, pending)
+                yield pending
                 pending = []
         if pending:
-            yield run_stage_rows(spec, pending)
+            yield pending
         return
     if src == "rows":
         for b in batches:
             ss = b.column(1).to_pylist()
-            yield run_stage_rows(spec, list(zip(ss, loads_all(b.column(2).to_pylist()), strict=True)))
+            yield list(zip(ss, loads_all(b.column(2).to_pylist()), strict=True))
         return
     if src == "native":
         si = spec.source_index
@@ -504,9 +524,9 @@ def _stage_columns(
                 raise _fail(spec.source_step, e) from e
             items = source_items(si, partition_id, pos, xs)
             pos += len(xs)
-            yield run_stage_rows(spec, items)
+            yield items
         return
     for b in batches:
         for items in _entry_items_from_source(spec, b, partition_id):
             for start in range(0, len(items), out_rows):
-                yield run_stage_rows(spec, items[start : start + out_rows])
+                yield items[start : start + out_rows]

@@ -239,3 +239,45 @@ def test_spark_sink_needs_dicts(spark, tmp_path: Path):
     )
     with pytest.raises(FlowsparkRuntimeError, match="step 'f.out': FlowsparkTypeError: .*SparkSink writes dict items"):
         run(flow, spark=spark)
+
+
+def _rows_flow(tmp_path: Path, items: list[Any], schema: Any, second_reader: bool) -> Dataflow:
+    flow = Dataflow("f")
+    k = op.key_on("k", op.input("inp", flow, TestingSource(items)), lambda r: r["user"])
+    rows = op.map(
+        "row", op.stateful_map("n", k, lambda s, r: ((s or 0) + 1, {**r, "n": (s or 0) + 1})), lambda kv: kv[1]
+    )
+    op.output("out", rows, SparkSink("parquet", str(tmp_path / "out"), schema=schema))
+    if second_reader:
+        op.output("copy", rows, TestingSink([]))
+    return flow
+
+
+def test_a_spark_sink_read_alone_gets_its_rows_from_the_stage_itself():
+    from flowspark.spark import compile_flow
+
+    alone = compile_flow(_rows_flow(Path("/x"), [], None, second_reader=False))
+    shared = compile_flow(_rows_flow(Path("/x"), [], None, second_reader=True))
+    assert [sk.only_reader for sk in alone.sinks] == [True]
+    assert [sk.only_reader for sk in shared.sinks] == [False, False]
+
+
+@pytest.mark.parametrize("schema", [None, "user STRING, x LONG, n LONG"])
+def test_spark_sink_rows_are_the_same_whether_the_stage_writes_them_or_not(spark, tmp_path: Path, schema):
+    items = [{"user": f"u{i % 3}", "x": i} for i in range(30)]
+    got = []
+    for second in (False, True):
+        run(_rows_flow(tmp_path, items, schema, second_reader=second), spark=spark)
+        df = spark.read.parquet(str(tmp_path / "out"))
+        got.append((df.schema.simpleString(), sorted(tuple(r) for r in df.collect())))
+    assert got[0] == got[1]
+    assert len(got[0][1]) == 30
+
+
+@pytest.mark.parametrize("second_reader", [False, True])
+def test_a_row_that_does_not_fit_the_schema_names_the_sink(spark, tmp_path: Path, second_reader):
+    items = [{"user": "a", "x": 1}, {"user": "b", "x": "not a number"}]
+    flow = _rows_flow(tmp_path, items, "user STRING, x LONG, n LONG", second_reader)
+    with pytest.raises(FlowsparkRuntimeError, match=r"error in step 'f.out'") as info:
+        run(flow, spark=spark)
+    assert info.value.step_id == "f.out"
