@@ -24,7 +24,16 @@ from flowspark.errors import (
     step_error,
 )
 from flowspark.outputs import part_of
-from flowspark.spark.codec import HEAD_LEN, decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
+from flowspark.spark.codec import (
+    HEAD_LEN,
+    decode_task_error,
+    dumps,
+    encode_task_error,
+    loads,
+    loads_all,
+    rows_table,
+    source_seq,
+)
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
 from flowspark.spark.worker import dict_rows, no_gc, not_dict_error, stage_function
 
@@ -37,7 +46,7 @@ _IN_SCHEMA = "k string, seq binary, v binary"
 _ID = "__flowspark_id"
 
 
-def column_key_refusal(df: Any, column: str) -> Optional[str]:
+def column_key_refusal(df: Any, column: str, with_position: bool = False) -> Optional[str]:
     """Why Spark cannot key `df`'s rows on `column` as `row[column]` would, or `None` when it can.
 
     Only a plain string column qualifies (what `key_on` accepts in Python, compared
@@ -47,6 +56,7 @@ def column_key_refusal(df: Any, column: str) -> Optional[str]:
     Args:
         df: The source DataFrame.
         column: The key column.
+        with_position: `df` already holds the position column (driver items, `rows_table`).
 
     Returns:
         The reason, or `None`.
@@ -56,7 +66,7 @@ def column_key_refusal(df: Any, column: str) -> Optional[str]:
     names = df.columns
     if names.count(column) != 1:
         return f"the DataFrame has {names.count(column)} columns named {column!r}"
-    if _ID in names:
+    if _ID in names and not with_position:
         return f"the DataFrame has a column named {_ID!r}"
     dtype = df.schema[column].dataType
     if type(dtype) is not StringType or dtype != StringType():
@@ -90,9 +100,11 @@ def describe_stage(st: StagePlan) -> str:
         if ck is None:
             return python_key
         return (
-            f"Spark keys the rows: the SparkSource DataFrame with k = column {ck.column!r} and each row's position "
+            f"Spark keys the rows: the source's rows (the SparkSource DataFrame, or driver items sent as Arrow "
+            f"columns when they are rows of atomic columns) with k = column {ck.column!r} and each row's position "
             f"-> repartition(k) -> sortWithinPartitions(k, position) -> mapInArrow (runs stage {ck.source_stage}'s "
-            f"steps, which then need no pass of their own); when {ck.column!r} is not a string column: "
+            f"steps, which then need no pass of their own); when {ck.column!r} is not a string column "
+            "(or the items are not such rows): "
             f"{python_key}"
         )
     return f"({st.union()}) -> mapInArrow"
@@ -185,8 +197,10 @@ class _Job:
             ck = st.spec.column_key
             if ck is None:
                 continue
-            df = self.source_df(self.plan.stages[ck.source_stage])
-            why = column_key_refusal(df, ck.column)
+            df, why = self.columns_df(self.plan.stages[ck.source_stage])
+            if df is not None:
+                native = self.plan.stages[ck.source_stage].spec.source == "native"
+                why = column_key_refusal(df, ck.column, with_position=not native)
             self.lowered[st.spec.stage_id] = (
                 f"Spark keys on column {ck.column!r}"
                 if why is None
@@ -196,13 +210,26 @@ class _Job:
                 keyed[st.spec.stage_id] = df
         return keyed
 
+    def columns_df(self, st: StagePlan) -> tuple[Any, Optional[str]]:
+        """A source stage's items as a DataFrame of their columns, or `(None, why not)`."""
+        if st.spec.source == "native":
+            return self.source_df(st), None
+        table = rows_table(st.source.driver_items(st.spec.source_step), _ID)
+        if table is None:
+            return None, "the items are not dicts of the same atomic columns (str, int, float, bool, bytes)"
+        df = self.spark.createDataFrame(table)
+        return df.coalesce(min(self.parallelism, df.rdd.getNumPartitions())), None
+
     def column_key_input(self, st: StagePlan, df: Any) -> Any:
         from pyspark.sql import functions as F  # noqa: N812
 
         ck = st.spec.column_key
         assert ck is not None
         key = F.col("`" + ck.column.replace("`", "``") + "`")
-        keyed = df.select(F.monotonically_increasing_id().alias(_ID), "*")
+        if _ID in df.columns:  # driver items: their index is the position
+            keyed = df.select(_ID, *[F.col("`" + c.replace("`", "``") + "`") for c in df.columns if c != _ID])
+        else:
+            keyed = df.select(F.monotonically_increasing_id().alias(_ID), "*")
         return keyed.repartition(self.partitions, key).sortWithinPartitions(key, _ID)
 
     def build(self) -> None:

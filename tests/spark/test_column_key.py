@@ -200,3 +200,46 @@ def test_both_lowerings_agree(spark, rows, parts, tail):
     assert results[0][0] == ("error" if bad else "ok")
     if bad:
         assert results[0][3], "the error names one of the rows with a null key"
+
+
+def test_driver_rows_travel_as_arrow_columns_with_the_same_results(spark, capsys):
+    rows = [{"user": f"u{i % 4}", "v": i % 40} for i in range(120)]
+    native: list[Any] = []
+    python: list[Any] = []
+    run(build(TestingSource(rows), recognised, native), spark=spark, start_time=T0, explain=True)
+    assert "stage 1: Spark keys on column 'user'" in capsys.readouterr().out
+    run(build(TestingSource(rows), not_recognised, python), spark=spark, start_time=T0)
+    assert native == python
+    ref: list[Any] = []
+    run_main(build(TestingSource(rows), recognised, ref), clock="fixed", start_time=T0)
+    assert native == ref
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [{"user": "a", "v": 1}, {"user": "b", "v": 1.5}],  # int and float in one column
+        [{"user": "a", "v": 1}, {"v": 2, "user": "b"}],  # another key order
+        [{"user": "a", "v": 1}, {"user": "b", "v": 2, "w": 3}],  # another key set
+        [{"user": "a", "v": 1, "tags": [1]}],  # not atomic
+        [{"user": "a", "v": 2**70}],  # not 64-bit
+    ],
+    ids=["mixed-types", "key-order", "key-set", "list-value", "big-int"],
+)
+def test_driver_items_that_are_not_plain_rows_keep_the_python_pass(spark, capsys, rows):
+    out: list[Any] = []
+    run(build(TestingSource(rows), recognised, out, pre_filter=False), spark=spark, start_time=T0, explain=True)
+    assert "stage 1: Python key pass in stage 0: the items are not dicts" in capsys.readouterr().out
+    ref: list[Any] = []
+    run_main(build(TestingSource(rows), recognised, ref, pre_filter=False))
+    assert out == ref
+
+
+def test_driver_rows_with_a_null_key_raise_the_same_error(spark):
+    rows = [{"user": "a", "v": 1}, {"user": None, "v": 2}]
+    errors = []
+    for key in (recognised, not_recognised):
+        with pytest.raises(FlowsparkRuntimeError) as info:
+            run(build(TestingSource(rows), key, [], pre_filter=False), spark=spark, start_time=T0)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
