@@ -89,9 +89,30 @@ class SparkSink(Sink[dict[str, Any]]):
         if self.partition_by:
             w = w.partitionBy(*self.partition_by)
         if self.format == "table":
-            w.saveAsTable(self.path)
+            provider = self.table_provider(df.sparkSession)
+            (w if provider is None else w.format(provider)).saveAsTable(self.path)
         else:
             w.format(self.format).save(self.path)
+
+    def table_provider(self, spark: Any) -> Optional[str]:
+        """The data source of the existing table `path` (`"parquet"`, `"json"`, ...), for a `"table"` sink.
+
+        Spark's writers refuse to add rows of another format to a table, and default to
+        `spark.sql.sources.default`; this is the format to write with.
+
+        Args:
+            spark: The SparkSession.
+
+        Returns:
+            The table's provider; `None` when the table does not exist yet (Spark's default
+            format creates it) or has none (a view).
+        """
+        if not spark.catalog.tableExists(self.path):
+            return None
+        for row in spark.sql(f"DESCRIBE TABLE EXTENDED {self.path}").collect():
+            if row[0] == "Provider":
+                return str(row[1])
+        return None
 
     def __repr__(self) -> str:
         """Show where items go."""

@@ -69,6 +69,7 @@ def test_table_stream_into_a_table_sink_resumes(spark, tmp_path):
 
     try:
         spark.createDataFrame([("ann",), ("bob",), ("ann",)], "user STRING").write.saveAsTable(src)
+        spark.sql(f"CREATE TABLE {dst} (user STRING, n BIGINT) USING json")  # not Spark's default format
         run(flow_(), spark=spark, checkpoint=chk, trigger="available_now", progress=False)
         got = sorted((r.user, r.n) for r in spark.table(dst).collect())
         assert got == [("ann", 1), ("ann", 2), ("bob", 1)]
@@ -76,21 +77,26 @@ def test_table_stream_into_a_table_sink_resumes(spark, tmp_path):
         run(flow_(), spark=spark, checkpoint=chk, trigger="available_now", progress=False)
         got = sorted((r.user, r.n) for r in spark.table(dst).collect())
         assert got == [("ann", 1), ("ann", 2), ("bob", 1), ("bob", 2), ("dan", 1)]
+        assert SparkSink("table", dst).table_provider(spark) == "json"
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {src}")
         spark.sql(f"DROP TABLE IF EXISTS {dst}")
 
 
-def test_table_sink_of_a_bounded_run(spark):
+@pytest.mark.parametrize("mode", ["overwrite", "append"])
+def test_table_sink_of_a_bounded_run(spark, mode):
     dst = "flowspark_io_batch_table"
     spark.sql(f"DROP TABLE IF EXISTS {dst}")
     flow = Dataflow("batch_table")
     rows = op.input("inp", flow, TestingSource([{"user": "ann"}, {"user": "bob"}, {"user": "ann"}]))
-    op.output("out", _counts(flow, rows), SparkSink("table", dst, schema="user STRING, n LONG"))
+    op.output("out", _counts(flow, rows), SparkSink("table", dst, schema="user STRING, n LONG", mode=mode))
+    want = [("ann", 1), ("ann", 2), ("bob", 1)]
     try:
+        spark.sql(f"CREATE TABLE {dst} (user STRING, n BIGINT) USING json")  # an existing table of another format
         run(flow, spark=spark)
-        run(flow, spark=spark)  # mode="overwrite": the same rows, not twice
-        assert sorted((r.user, r.n) for r in spark.table(dst).collect()) == [("ann", 1), ("ann", 2), ("bob", 1)]
+        run(flow, spark=spark)
+        got = sorted((r.user, r.n) for r in spark.table(dst).collect())
+        assert got == (want if mode == "overwrite" else sorted(want * 2))
     finally:
         spark.sql(f"DROP TABLE IF EXISTS {dst}")
 

@@ -448,7 +448,8 @@ class StreamingRun:
             if sink.format == "kafka":
                 w = rows.writeStream.format("kafka").outputMode("append")
             elif sink.format == "table":
-                w = rows.writeStream.outputMode("append")
+                provider = sink.table_provider(self.spark)
+                w = (rows.writeStream if provider is None else rows.writeStream.format(provider)).outputMode("append")
                 to_table = sink.path
             else:
                 w = rows.writeStream.format(sink.format).option("path", sink.path).outputMode("append")
