@@ -119,8 +119,17 @@ class SparkSource(Source[dict[str, Any]]):
 
         Returns:
             The DataFrame.
+
+        Raises:
+            FlowsparkTypeError: A `"dataframe"` source not built with `from_dataframe`.
         """
         if self.format == "dataframe":
+            if self._df is None:
+                msg = (
+                    "SparkSource('dataframe') has no DataFrame (it never leaves the driver that built it); "
+                    "build the source with SparkSource.from_dataframe(df)"
+                )
+                raise FlowsparkTypeError(msg)
             return self._df
         if self.format == "table" and not self.streaming:
             return spark.table(self.path)

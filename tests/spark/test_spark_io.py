@@ -250,6 +250,10 @@ def test_bad_byo_source_and_sink_arguments():
         SparkSource.from_dataframe([1])
     with pytest.raises(FlowsparkTypeError, match=r"fn must be a function fn\(df, batch_id\); received 'x'"):
         ForeachBatchSink("x")
+    with pytest.raises(
+        FlowsparkTypeError, match=r"has no DataFrame .*build the source with SparkSource.from_dataframe"
+    ):
+        SparkSource("dataframe", streaming=True).load(None)
 
 
 def test_pinned_schemas_live_with_the_checkpoint_metadata(tmp_path):
