@@ -133,6 +133,33 @@ def test_foreach_batch_sink_gets_each_micro_batch_and_resumes(spark, tmp_path, a
     assert schema == "struct<n:bigint,user:string>"
 
 
+def _counts_and_sums(src: Any, sink: Any) -> Dataflow:
+    """A merge of two stateful outputs: the keyed stage is read twice, so the query is a routed chain."""
+    flow = Dataflow("routed")
+    keyed = op.key_on("key", op.input("inp", flow, src), lambda r: r["user"])
+    counts = op.map_value("c", op.stateful_map("count", keyed, count_mapper), lambda n: ("count", n))
+    sums = op.map_value("s", op.stateful_map("sum", keyed, lambda t, r: ((t or 0) + r["n"],) * 2), lambda n: ("sum", n))
+    rows = op.map("row", op.merge("both", counts, sums), lambda kv: {"user": kv[0], "what": kv[1][0], "v": kv[1][1]})
+    op.output("out", rows, sink)
+    return flow
+
+
+def test_foreach_batch_sink_as_the_lone_output_of_a_routed_chain(spark, tmp_path):
+    from flowspark.spark.streaming import Lowering
+    from flowspark.testing import run_main
+
+    root = str(tmp_path / "in")
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": u, "n": n} for u, n in [("ann", 1), ("bob", 2), ("ann", 3)]])
+    got: list = []
+    flow = _counts_and_sums(JsonlDirSource(root, ["a"]), ForeachBatchSink(lambda df, _b: got.extend(df.collect())))
+    assert Lowering(compile_flow(flow), 4, timers=False).routed
+    run(flow, spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", progress=False)
+    want: list = []
+    run_main(_counts_and_sums(JsonlDirSource(root, ["a"], bounded=True), TestingSink(want)))
+    assert sorted((r.user, r.what, r.v) for r in got) == sorted((w["user"], w["what"], w["v"]) for w in want)
+    assert len(want) == 6
+
+
 def test_foreach_batch_sink_of_a_bounded_run_is_called_once_with_batch_id_0(spark):
     calls: list = []
     flow = Dataflow("fb_batch")
