@@ -25,13 +25,19 @@ _MODES = ("overwrite", "append", "error", "errorifexists", "ignore")
 class SparkSink(Sink[dict[str, Any]]):
     """Write dict items as rows: a parquet / json / csv / orc directory or a table.
 
+    In a stream (docs/streaming.md), a `SparkSink` with a `schema` that is the flow's only
+    output is Spark's streaming file sink, or `toTable` for a table (exactly-once with the
+    checkpoint); without a schema, or next to other outputs, each micro-batch is appended
+    with Spark's batch writer (at-least-once). A table is written in its existing format.
+
     Args:
         format: `"parquet"`, `"json"`, `"csv"`, `"orc"` or `"table"` (`path` is the table name).
         path: Output directory, or the table name.
         schema: A `pyspark.sql.types.StructType` or a DDL string for the rows; default:
             inferred from up to 100 items (in a stream: of the first micro-batch with
             items, then kept in the checkpoint).
-        mode: Spark save mode (`"overwrite"` default, `"append"`, `"error"`, `"ignore"`).
+        mode: Spark save mode of a bounded run (`"overwrite"` default, `"append"`, `"error"`,
+            `"ignore"`); a stream always appends.
         options: Writer options (e.g. `{"header": "true"}` for csv).
         partition_by: Columns to partition the output directory by.
 
