@@ -293,3 +293,15 @@ def test_pinned_schemas_live_with_the_checkpoint_metadata(tmp_path):
     pin_schema(chk, "f.out", '{"type": "struct", "fields": []}')
     assert check_meta(chk, "f", 8, [], timers=False) is False  # the other facts are kept
     assert pinned_schemas(chk) == {"f.out": '{"type": "struct", "fields": []}'}
+
+
+def test_a_missing_table_stream_names_the_input_step(spark, tmp_path):
+    flow = Dataflow("f")
+    op.output("out", op.input("inp", flow, SparkSource("table", "flowspark_no_such_table", streaming=True)),
+              TestingSink([]))  # fmt: skip
+    with pytest.raises(FlowsparkRuntimeError) as info:
+        run(flow, spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", progress=False)
+    assert info.value.step_id == "f.inp"
+    assert str(info.value).startswith("step 'f.inp': [TABLE_OR_VIEW_NOT_FOUND]")
+    assert "flowspark_no_such_table" in str(info.value)
+    assert "\tat " not in str(info.value)  # no Java trace
