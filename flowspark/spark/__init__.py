@@ -17,7 +17,7 @@ sources and sinks), `session` (sessions, shipping user modules), `tools`
 from flowspark.spark.api import run
 from flowspark.spark.compiler import compile_flow
 from flowspark.spark.inputs import SparkSource
-from flowspark.spark.outputs import SparkSink
+from flowspark.spark.outputs import ForeachBatchSink, SparkSink
 from flowspark.spark.plan import Plan
 
-__all__ = ["Plan", "SparkSink", "SparkSource", "compile_flow", "run"]
+__all__ = ["ForeachBatchSink", "Plan", "SparkSink", "SparkSource", "compile_flow", "run"]

@@ -34,8 +34,9 @@ from flowspark.spark.codec import (
     rows_table,
     source_seq,
 )
+from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
-from flowspark.spark.worker import dict_rows, no_gc, not_dict_error, stage_function
+from flowspark.spark.worker import dict_rows, no_gc, stage_function
 
 __all__ = ["check_bounded", "column_key_refusal", "describe_keyed_state", "describe_stage", "run_plan", "seq_column"]
 
@@ -380,10 +381,7 @@ class _Job:
             sample = [loads(r.v) for r in _action(lambda: df.select("v").limit(100).collect())]
             if not sample:
                 return
-            bad = next((x for x in sample if not isinstance(x, dict)), None)
-            if bad is not None:
-                raise _fail(sk.step_id, not_dict_error(sk.step_id, bad))
-            schema = self.spark.createDataFrame(sample).schema
+            schema = infer_schema(self.spark, sk.step_id, sample)
         elif isinstance(schema, str):
             schema = StructType.fromDDL(schema)
         arrow_schema = to_arrow_schema(schema)
@@ -397,7 +395,7 @@ class _Job:
             rows = inp.mapInArrow(fn, schema)
         else:
             rows = df.mapInArrow(_to_rows(sk.step_id, arrow_schema), schema)
-        _action(lambda: sk.sink.write(rows))
+        write_rows(sk.step_id, sk.sink, rows)
 
     def collect_driver(self) -> None:
         import pyarrow as pa

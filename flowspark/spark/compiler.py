@@ -27,7 +27,7 @@ from flowspark.inputs import DriverItems, DynamicSource, FixedPartitionedSource
 from flowspark.outputs import DriverSink, DynamicSink, FixedPartitionedSink
 from flowspark.runtime.driver import idx
 from flowspark.spark.inputs import SparkSource
-from flowspark.spark.outputs import SparkSink
+from flowspark.spark.outputs import ForeachBatchSink, SparkSink
 from flowspark.spark.plan import ColumnKey, InspectPlan, KeyedStep, Op, Plan, Port, SinkPlan, StagePlan, StageSpec
 
 __all__ = ["as_graph", "compile_flow"]
@@ -93,7 +93,7 @@ def _sink_where(node: ir.Output) -> str:
     sink = node.sink
     if isinstance(sink, DriverSink):
         return "driver"
-    if isinstance(sink, SparkSink):
+    if isinstance(sink, (SparkSink, ForeachBatchSink)):
         return "native"
     if isinstance(sink, FixedPartitionedSink):
         _check_pickle(node.step_id, f"sink {type(sink).__name__}", sink)
@@ -103,7 +103,7 @@ def _sink_where(node: ir.Output) -> str:
         return "dynamic"
     msg = (
         f"step {node.step_id!r}: sink {type(sink).__name__} must subclass FixedPartitionedSink, "
-        "DynamicSink or flowspark.spark.outputs.SparkSink"
+        "DynamicSink, flowspark.spark.outputs.SparkSink or ForeachBatchSink"
     )
     raise FlowsparkCompileError(msg)
 

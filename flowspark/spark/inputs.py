@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from typing_extensions import override
 
-from flowspark.errors import FlowsparkTypeError
+from flowspark.errors import FlowsparkTypeError, short_repr
 from flowspark.inputs import Source
 
 __all__ = ["SparkSource"]
@@ -37,9 +37,10 @@ class SparkSource(Source[dict[str, Any]]):
             default: Spark's inference.
         options: Reader options (e.g. `{"header": "true"}` for csv).
         streaming: Read with `spark.readStream`: an unbounded source (new files in the
-            directory are picked up as they appear; also `"rate"` and `"socket"`); the
-            flow then runs as a Structured Streaming query (see docs/streaming.md).
-            File formats need `schema` when streaming.
+            directory are picked up as they appear; `"table"` reads the table as a stream,
+            `spark.readStream.table(path)`; also `"rate"` and `"socket"`); the flow then runs
+            as a Structured Streaming query (see docs/streaming.md). File formats need
+            `schema` when streaming. A `from_dataframe` source streams when its DataFrame does.
 
     Example:
         >>> src = SparkSource("parquet", "/data/events")
@@ -70,10 +71,7 @@ class SparkSource(Source[dict[str, Any]]):
         self.options = dict(options or {})
         self.streaming = bool(streaming)
         self._df: Any = None
-        if self.streaming and format in ("table", "dataframe"):
-            msg = f"SparkSource({format!r}, streaming=True): stream a file format, 'rate' or 'socket' instead"
-            raise FlowsparkTypeError(msg)
-        if self.streaming and format not in _STREAM_ONLY and schema is None:
+        if self.streaming and format not in (*_STREAM_ONLY, "table", "dataframe") and schema is None:
             msg = (
                 f"SparkSource({format!r}, {path!r}, streaming=True) needs a schema (Spark does not infer "
                 "schemas of streamed files); pass schema='a STRING, b LONG' or a StructType"
@@ -82,15 +80,30 @@ class SparkSource(Source[dict[str, Any]]):
 
     @classmethod
     def from_dataframe(cls, df: Any) -> SparkSource:
-        """Read the rows of an existing DataFrame.
+        """Read the rows of an existing DataFrame, batch or streaming.
+
+        A streaming DataFrame (`df.isStreaming`, e.g. built with `spark.readStream`) makes
+        an unbounded source: the flow then runs as a Structured Streaming query, whose
+        checkpoint keeps the DataFrame's source offsets (build the same DataFrame again to
+        restart). A batch DataFrame is read once.
 
         Args:
             df: A `pyspark.sql.DataFrame`.
 
         Returns:
             The source.
+
+        Raises:
+            FlowsparkTypeError: `df` is not a DataFrame.
         """
-        src = cls("dataframe")
+        streaming = getattr(df, "isStreaming", None)
+        if not isinstance(streaming, bool):
+            msg = (
+                "SparkSource.from_dataframe needs a pyspark.sql.DataFrame (spark.read... or spark.readStream...); "
+                f"received {short_repr(df)} of type {type(df).__name__}"
+            )
+            raise FlowsparkTypeError(msg)
+        src = cls("dataframe", streaming=streaming)
         src._df = df
         return src
 
@@ -106,11 +119,23 @@ class SparkSource(Source[dict[str, Any]]):
 
         Returns:
             The DataFrame.
+
+        Raises:
+            FlowsparkTypeError: A `"dataframe"` source not built with `from_dataframe`.
         """
         if self.format == "dataframe":
+            if self._df is None:
+                msg = (
+                    "SparkSource('dataframe') has no DataFrame (it never leaves the driver that built it); "
+                    "build the source with SparkSource.from_dataframe(df)"
+                )
+                raise FlowsparkTypeError(msg)
             return self._df
-        if self.format == "table":
+        if self.format == "table" and not self.streaming:
             return spark.table(self.path)
+        if self.format == "table":
+            reader = spark.readStream.options(**self.options) if self.options else spark.readStream
+            return reader.table(self.path)
         reader = (spark.readStream if self.streaming else spark.read).format(self.format)
         if self.schema is not None:
             reader = reader.schema(self.schema)

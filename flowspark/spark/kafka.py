@@ -138,11 +138,8 @@ class KafkaSink(SparkSink):
         super().__init__("json", topic, schema=schema, mode="append", options=opts)
         self.format = "kafka"
 
-    def write(self, df: Any) -> None:
-        """Write a batch DataFrame of rows to the topic.
-
-        Args:
-            df: The DataFrame.
+    def _save(self, df: Any, mode: str) -> None:  # noqa: ARG002
+        """Write a batch DataFrame of rows to the topic (Kafka has no save modes).
 
         Raises:
             FlowsparkCompileError: Spark's kafka connector is not on the classpath.

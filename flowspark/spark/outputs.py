@@ -1,18 +1,22 @@
-"""Spark-native sinks: write dict items with a Spark writer (parquet / json / csv / orc / table).
+"""Spark-native sinks: dict items become rows of a Spark DataFrame, written by Spark.
 
-`SparkSink` describes where to write; the Spark runtime turns the items
-(each a dict, one row) into a DataFrame and writes it in one Spark job. The
-in-memory executor cannot run it.
+`SparkSink` describes where to write (parquet / json / csv / orc / a table);
+`ForeachBatchSink` hands the rows, as a DataFrame, to your function. The Spark
+runtime turns the items (each a dict, one row) into a DataFrame of the sink's
+schema (given, or inferred from the first rows). The in-memory executor cannot
+run them.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from flowspark.errors import FlowsparkTypeError
+from flowspark.errors import FlowsparkError, FlowsparkTypeError, short_repr, step_error
 from flowspark.outputs import Sink
+from flowspark.spark.codec import decode_task_error
+from flowspark.spark.worker import not_dict_error
 
-__all__ = ["SparkSink"]
+__all__ = ["ForeachBatchSink", "SparkSink", "infer_schema", "write_rows"]
 
 _FORMATS = ("parquet", "json", "csv", "orc", "table")
 _MODES = ("overwrite", "append", "error", "errorifexists", "ignore")
@@ -21,12 +25,19 @@ _MODES = ("overwrite", "append", "error", "errorifexists", "ignore")
 class SparkSink(Sink[dict[str, Any]]):
     """Write dict items as rows: a parquet / json / csv / orc directory or a table.
 
+    In a stream (docs/streaming.md), a `SparkSink` with a `schema` that is the flow's only
+    output is Spark's streaming file sink, or `toTable` for a table (exactly-once with the
+    checkpoint); without a schema, or next to other outputs, each micro-batch is appended
+    with Spark's batch writer (at-least-once). A table is written in its existing format.
+
     Args:
         format: `"parquet"`, `"json"`, `"csv"`, `"orc"` or `"table"` (`path` is the table name).
         path: Output directory, or the table name.
         schema: A `pyspark.sql.types.StructType` or a DDL string for the rows; default:
-            inferred from up to 100 items.
-        mode: Spark save mode (`"overwrite"` default, `"append"`, `"error"`, `"ignore"`).
+            inferred from up to 100 items (in a stream: of the first micro-batch with
+            items, then kept in the checkpoint).
+        mode: Spark save mode of a bounded run (`"overwrite"` default, `"append"`, `"error"`,
+            `"ignore"`); a stream always appends.
         options: Writer options (e.g. `{"header": "true"}` for csv).
         partition_by: Columns to partition the output directory by.
 
@@ -61,21 +72,165 @@ class SparkSink(Sink[dict[str, Any]]):
         self.partition_by = list(partition_by or [])
 
     def write(self, df: Any) -> None:
-        """Write `df` (a DataFrame of the rows) as described.
+        """Write `df` (a DataFrame of the rows) as described (a bounded run).
 
         Args:
             df: The DataFrame.
         """
-        w = df.write.mode(self.mode)
+        self._save(df, self.mode)
+
+    def write_batch(self, df: Any, batch_id: int) -> None:  # noqa: ARG002
+        """Append the rows of one micro-batch of a stream.
+
+        Args:
+            df: The micro-batch's rows.
+            batch_id: Spark's micro-batch id.
+        """
+        self._save(df, "append")
+
+    def _save(self, df: Any, mode: str) -> None:
+        w = df.write.mode(mode)
         if self.options:
             w = w.options(**self.options)
         if self.partition_by:
             w = w.partitionBy(*self.partition_by)
         if self.format == "table":
-            w.saveAsTable(self.path)
+            provider = self.table_provider(df.sparkSession)
+            (w if provider is None else w.format(provider)).saveAsTable(self.path)
         else:
             w.format(self.format).save(self.path)
+
+    def table_provider(self, spark: Any) -> Optional[str]:
+        """The data source of the existing table `path` (`"parquet"`, `"json"`, ...), for a `"table"` sink.
+
+        Spark's writers refuse to add rows of another format to a table, and default to
+        `spark.sql.sources.default`; this is the format to write with.
+
+        Args:
+            spark: The SparkSession.
+
+        Returns:
+            The table's provider; `None` when the table does not exist yet (Spark's default
+            format creates it) or has none (a view).
+        """
+        if not spark.catalog.tableExists(self.path):
+            return None
+        for row in spark.sql(f"DESCRIBE TABLE EXTENDED {self.path}").collect():
+            if row[0] == "Provider":
+                return str(row[1])
+        return None
 
     def __repr__(self) -> str:
         """Show where items go."""
         return f"SparkSink({self.format!r}, {self.path!r})"
+
+
+class ForeachBatchSink(Sink[dict[str, Any]]):
+    """Hand the rows to your function as a Spark DataFrame: `fn(df, batch_id)`.
+
+    In a stream, `fn` is called at the driver once per micro-batch with output rows
+    (Spark's `foreachBatch`), with Spark's micro-batch id. It is **at-least-once**: a
+    micro-batch that was being written when the query stopped or failed is handed over
+    again, with the same `batch_id`, after a restart (make `fn` idempotent, e.g. keyed
+    on `batch_id`). In a bounded run `fn` is called once, with every row and `batch_id`
+    0. The DataFrame's rows come in no particular order. An exception raised by `fn`
+    stops the run with a `FlowsparkRuntimeError` naming the output step.
+
+    Args:
+        fn: `fn(df, batch_id)`; its return value is ignored.
+        schema: A `pyspark.sql.types.StructType` or a DDL string for the rows; default:
+            inferred from up to 100 items (in a stream: of the first micro-batch with
+            items, then kept in the checkpoint).
+
+    Raises:
+        FlowsparkTypeError: `fn` is not callable.
+
+    Example:
+        >>> seen = []
+        >>> sink = ForeachBatchSink(lambda df, batch_id: seen.append((batch_id, df.count())))
+    """
+
+    def __init__(self, fn: Callable[[Any, int], Any], schema: Any = None) -> None:
+        """Describe what receives the rows."""
+        if not callable(fn):
+            msg = f"ForeachBatchSink: fn must be a function fn(df, batch_id); received {short_repr(fn)}"
+            raise FlowsparkTypeError(msg)
+        self.fn = fn
+        self.schema = schema
+
+    def write(self, df: Any) -> None:
+        """Hand every row of a bounded run to `fn` (`batch_id` 0).
+
+        Args:
+            df: The DataFrame of the rows.
+        """
+        self.fn(df, 0)
+
+    def write_batch(self, df: Any, batch_id: int) -> None:
+        """Hand the rows of one micro-batch to `fn`.
+
+        Args:
+            df: The micro-batch's rows.
+            batch_id: Spark's micro-batch id.
+        """
+        self.fn(df, batch_id)
+
+    def __repr__(self) -> str:
+        """Show the function."""
+        return f"ForeachBatchSink({getattr(self.fn, '__qualname__', self.fn)!r})"
+
+
+def write_rows(step_id: str, sink: Any, df: Any, batch_id: Optional[int] = None) -> None:
+    """Write a DataFrame of rows with a Spark-native sink; any failure names the output step.
+
+    Args:
+        step_id: The output step's id.
+        sink: A `SparkSink` or `ForeachBatchSink`.
+        df: The rows.
+        batch_id: The micro-batch id in a stream (`write_batch`); `None` in a bounded run (`write`).
+
+    Raises:
+        FlowsparkRuntimeError: The write (or the user's function) failed; a row that did not
+            fit the schema, found inside a Spark task, keeps its own error.
+    """
+    try:
+        if batch_id is None:
+            sink.write(df)
+        else:
+            sink.write_batch(df, batch_id)
+    except FlowsparkError:
+        raise
+    except Exception as e:
+        err = decode_task_error(str(e))
+        if err is not None:
+            raise err from err.__cause__
+        raise step_error(step_id, e) from e
+
+
+def infer_schema(spark: Any, step_id: str, items: list[Any]) -> Any:
+    """The schema Spark infers from some dict items (a sink given no schema).
+
+    Args:
+        spark: The SparkSession.
+        step_id: The output step's id.
+        items: Some items (up to 100 are used).
+
+    Returns:
+        A `pyspark.sql.types.StructType`.
+
+    Raises:
+        FlowsparkRuntimeError: An item is not a dict, or Spark cannot infer a type (e.g. a
+            column that is always `None`); names the step and says to pass a schema.
+    """
+    sample = items[:100]
+    bad = next((x for x in sample if not isinstance(x, dict)), None)
+    if bad is not None:
+        raise step_error(step_id, not_dict_error(step_id, bad))
+    try:
+        return spark.createDataFrame(sample).schema
+    except Exception as e:
+        msg = (
+            f"error in step {step_id!r}: cannot infer the rows' schema from the items {short_repr(sample)} "
+            f"({type(e).__name__}: {e}); pass the sink a schema, e.g. schema='user STRING, n LONG'"
+        )
+        raise step_error(step_id, e, message=msg) from e

@@ -178,7 +178,8 @@ class SinkPlan:
     `where` is `driver` (collected and written at the driver in sequence order:
     `TestingSink`, `StdOutSink`), `dynamic` (one sink partition per Spark
     partition), `fixed` (items routed by `part_fn` to the sink's partitions) or
-    `native` (a Spark writer, `flowspark.spark.outputs`). `only_reader`: the sink's
+    `native` (dict items become rows of a Spark DataFrame handed to a Spark writer or
+    to the user's function: `flowspark.spark.outputs`). `only_reader`: the sink's
     port is the only port of its stage and nothing else reads it (a lowering may
     then have the stage emit the sink's rows itself).
     """

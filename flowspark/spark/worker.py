@@ -291,7 +291,30 @@ def dict_rows(step_id: str, items: list[Any], arrow_schema: Any) -> Any:
     try:
         return pa.RecordBatch.from_pylist(items, schema=arrow_schema)
     except Exception as e:
-        raise _fail(step_id, e) from e
+        raise _misfit_error(step_id, items, arrow_schema, e) from e
+
+
+def _misfit_error(step_id: str, items: list[Any], arrow_schema: Any, e: Exception) -> FlowsparkRuntimeError:
+    """The error for dict items that do not fit a sink's schema: names the first such item."""
+    import pyarrow as pa
+
+    bad = items[0]
+    for x in items:
+        try:
+            pa.RecordBatch.from_pylist([x], schema=arrow_schema)
+        except Exception:  # noqa: BLE001
+            bad = x
+            break
+    cols = ", ".join(f"{f.name} {f.type}" for f in arrow_schema)
+    # The explanation is part of the exception's message, so it survives a Spark task (codec).
+    err = step_error(step_id, e, item=bad)
+    detail = (
+        f"{e}; the item does not fit the sink's schema <{cols}>: make the items fit (an op.map before "
+        "the output) or give the sink another schema"
+    )
+    out = type(err).describe(step_id, err.exc_type or type(e).__name__, detail, item=err.item)
+    out.__cause__ = e
+    return out
 
 
 def run_stage_rows(

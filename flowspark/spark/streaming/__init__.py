@@ -12,10 +12,13 @@ streaming operations (`query.Lowering` describes them stage by stage):
   (`state.BucketDriver`). `notify_at` becomes the bucket's processing-time
   timeout, so Spark calls idle buckets when a key is due. A flow whose stateful
   steps cannot notify (the IR's `StatefulBatch.notifies`) runs without timers;
-- sinks: a lone `SparkSink` is Spark's file sink (exactly-once with the
-  checkpoint); any other sink, and `inspect`, go through `foreachBatch` at the
-  driver (at-least-once: a micro-batch that was running when the driver died is
-  written again after the restart).
+- sinks: a lone `SparkSink` with a schema is Spark's file sink or `toTable`
+  (exactly-once with the checkpoint); a lone `ForeachBatchSink`, or a lone
+  `SparkSink` without a schema (inferred from the first rows and pinned in the
+  checkpoint), gets each micro-batch's rows as a DataFrame in `foreachBatch`; any
+  other sink, and `inspect`, go through `foreachBatch` at the driver. Both
+  `foreachBatch` paths are at-least-once: a micro-batch that was running when the
+  driver died is written again after the restart.
 
 `B` (`buckets`) is fixed for a checkpoint's lifetime (`checkpoint.check_meta`).
 Windowing keeps its own clock and watermark inside each key's logic, so nothing

@@ -1,7 +1,8 @@
 """The checkpoint's own metadata: what a streaming checkpoint belongs to and how it was lowered.
 
 `<checkpoint>/flowspark.json` records the flow id, the stateful step ids, the
-bucket count and whether the query runs with timers. A restart with another flow,
+bucket count, whether the query runs with timers, and the schemas inferred for
+sinks given none (`pin_schema`: a restart writes rows of the same schema). A restart with another flow,
 another bucket count, or a flow needing timers on a timer-less checkpoint is
 refused with `RecoveryError` (keys would land in other buckets, or Spark would
 reject the changed query).
@@ -14,7 +15,7 @@ import os
 
 from flowspark.errors import RecoveryError
 
-__all__ = ["META_FILE", "check_meta"]
+__all__ = ["META_FILE", "check_meta", "pin_schema", "pinned_schemas"]
 
 #: File in the checkpoint directory recording what the checkpoint belongs to.
 META_FILE = "flowspark.json"
@@ -56,8 +57,43 @@ def check_meta(checkpoint: str, flow_id: str, buckets: int, steps: list[str], ti
             raise RecoveryError(msg)
         return bool(old_timers)
     os.makedirs(checkpoint, exist_ok=True)
+    _write(path, meta)
+    return timers
+
+
+def pinned_schemas(checkpoint: str) -> dict[str, str]:
+    """The sink schemas pinned in `<checkpoint>/flowspark.json`: `{output step id: schema as JSON}`.
+
+    Args:
+        checkpoint: The checkpoint directory.
+
+    Returns:
+        The schemas (Spark's `StructType.json()`); empty when none was pinned.
+    """
+    path = os.path.join(checkpoint, META_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return dict(json.load(f).get("sink_schemas", {}))
+
+
+def pin_schema(checkpoint: str, step_id: str, schema_json: str) -> None:
+    """Record the schema inferred for a sink given none, so every later micro-batch and restart uses it.
+
+    Args:
+        checkpoint: The checkpoint directory (its `flowspark.json` exists: `check_meta` ran).
+        step_id: The output step's id.
+        schema_json: The schema (Spark's `StructType.json()`).
+    """
+    path = os.path.join(checkpoint, META_FILE)
+    with open(path) as f:
+        meta = json.load(f)
+    meta.setdefault("sink_schemas", {})[step_id] = schema_json
+    _write(path, meta)
+
+
+def _write(path: str, meta: dict[str, object]) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(meta, f)
     os.replace(tmp, path)
-    return timers

@@ -32,9 +32,9 @@ from flowspark.spark.batch import seq_column
 from flowspark.spark.codec import decode_task_error, encode_task_error, loads, loads_all
 from flowspark.spark.compiler import as_graph, compile_flow
 from flowspark.spark.inputs import SparkSource
-from flowspark.spark.outputs import SparkSink
-from flowspark.spark.plan import Plan, StagePlan, StageSpec
-from flowspark.spark.streaming.checkpoint import check_meta
+from flowspark.spark.outputs import SparkSink, infer_schema, write_rows
+from flowspark.spark.plan import Plan, SinkPlan, StagePlan, StageSpec
+from flowspark.spark.streaming.checkpoint import check_meta, pin_schema, pinned_schemas
 from flowspark.spark.streaming.routing import (
     ROUTE,
     TICK_ROUTE,
@@ -44,7 +44,7 @@ from flowspark.spark.streaming.routing import (
     routes,
 )
 from flowspark.spark.streaming.state import STATE_SCHEMA, BucketDriver
-from flowspark.spark.worker import dict_rows, not_dict_error, run_stage_rows, stage_function
+from flowspark.spark.worker import dict_rows, run_stage_rows, stage_function
 
 __all__ = ["Lowering", "StreamingRun", "compile_streaming", "needs_timers", "run_streaming"]
 
@@ -226,6 +226,7 @@ class StreamingRun:
         self.routes = routes(plan) if self.lowering.routed else None
         self._sink_struct: Any = None
         self._sink_fused_stage: Optional[int] = None
+        self._schemas: dict[str, Any] = {}  # StructTypes of native sinks given no schema (pinned)
 
     # -- building ---------------------------------------------------------------
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
@@ -368,13 +369,10 @@ class StreamingRun:
         That is when the stage's only port is the port of the query's lone `SparkSink`,
         which has a schema of atomic columns (pandas carries them unchanged).
         """
-        lone = self._lone_file_sink()
+        lone = self._spark_writer_sink()
         if lone is None or lone.port != (spec.stage_id, 0) or len(spec.ports) != 1:
             return None
-        sink: SparkSink = lone.sink
-        if sink.schema is None or sink.format == "table":
-            return None
-        struct, arrow_schema = _sink_schema(sink.schema)
+        struct, arrow_schema = _sink_schema(lone.sink.schema)
         if not _atomic(struct):
             return None
         self._sink_struct = struct
@@ -382,11 +380,54 @@ class StreamingRun:
         return lone.step_id, arrow_schema
 
     # -- sinks ------------------------------------------------------------------
-    def _lone_file_sink(self) -> Optional[Any]:
+    def _lone_native_sink(self) -> Optional[SinkPlan]:
+        """The query's only output when it is a Spark-native sink (and nothing is inspected)."""
         sinks = self.plan.sinks
         if len(sinks) == 1 and sinks[0].where == "native" and not self.plan.inspects:
             return sinks[0]
         return None
+
+    def _spark_writer_sink(self) -> Optional[SinkPlan]:
+        """The lone native sink when Spark's own streaming writer takes its rows: a `SparkSink` with a schema.
+
+        Spark's file sink (and `toTable`) needs the rows' schema when the query starts.
+        """
+        lone = self._lone_native_sink()
+        if lone is not None and isinstance(lone.sink, SparkSink) and lone.sink.schema is not None:
+            return lone
+        return None
+
+    def _port_rows(self, last: Any, port: tuple[int, int]) -> Any:
+        """The `(k, seq, v)` rows of one port, from the routed chain or the port's stage."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        if self.routes is None:
+            return self.port_df(*port)
+        return last.filter(F.col("p") == port[0] * ROUTE + port[1]).select("k", "seq", "v")
+
+    def _pinned(self) -> None:
+        """Load the schemas pinned in the checkpoint for native sinks given none."""
+        from pyspark.sql.types import StructType
+
+        for step_id, js in pinned_schemas(self.checkpoint).items():
+            self._schemas[step_id] = StructType.fromJson(json.loads(js))
+
+    def _schema(self, sk: SinkPlan, sample: Callable[[], list[Any]]) -> Any:
+        """The StructType of a native sink's rows: given, pinned in the checkpoint, or inferred now and pinned.
+
+        Returns `None` when the sink has no schema yet and `sample()` found no items.
+        """
+        if sk.sink.schema is not None:
+            return _sink_schema(sk.sink.schema)[0]
+        struct = self._schemas.get(sk.step_id)
+        if struct is None:
+            items = sample()
+            if not items:
+                return None
+            struct = infer_schema(self.spark, sk.step_id, items)
+            pin_schema(self.checkpoint, sk.step_id, struct.json())
+            self._schemas[sk.step_id] = struct
+        return struct
 
     def start(self, trigger: Optional[str]) -> Any:
         """Build the query and start it with `trigger`; return the `StreamingQuery`."""
@@ -394,34 +435,33 @@ class StreamingRun:
 
         last = self.build_routed() if self.routes is not None else self.build()
         qchk = os.path.join(self.checkpoint, "query")
-        lone = self._lone_file_sink()
-        if lone is not None:
-            sink: SparkSink = lone.sink
-            if sink.schema is None:
-                msg = (
-                    f"step {lone.step_id!r}: a streaming SparkSink needs a schema (a streaming query cannot "
-                    "look at the rows first); pass schema='a STRING, b LONG'"
-                )
-                raise FlowsparkCompileError(msg)
-            if sink.format == "table":
-                msg = f"step {lone.step_id!r}: a streaming SparkSink writes files; use parquet, json, csv or orc"
-                raise FlowsparkCompileError(msg)
-            if self.routes is not None:
-                route = lone.port[0] * ROUTE + lone.port[1]
-                port_rows = last.filter(F.col("p") == route).select("k", "seq", "v")
-                rows = _dict_rows(self.spark, port_rows, lone.step_id, sink.schema)
-            elif self._sink_fused_stage == lone.port[0]:
-                rows = self.dfs[lone.port[0]]  # the keyed stage already wrote the sink's rows
+        self._pinned()
+        writer = self._spark_writer_sink()
+        lone = self._lone_native_sink()
+        to_table: Optional[str] = None
+        if writer is not None:
+            sink: SparkSink = writer.sink
+            if self._sink_fused_stage == writer.port[0] and self.routes is None:
+                rows = self.dfs[writer.port[0]]  # the keyed stage already wrote the sink's rows
             else:
-                rows = _dict_rows(self.spark, self.port_df(*lone.port), lone.step_id, sink.schema)
+                rows = _dict_rows(self.spark, self._port_rows(last, writer.port), writer.step_id, sink.schema)
             if sink.format == "kafka":
                 w = rows.writeStream.format("kafka").outputMode("append")
+            elif sink.format == "table":
+                provider = sink.table_provider(self.spark)
+                w = (rows.writeStream if provider is None else rows.writeStream.format(provider)).outputMode("append")
+                to_table = sink.path
             else:
                 w = rows.writeStream.format(sink.format).option("path", sink.path).outputMode("append")
             if sink.options:
                 w = w.options(**sink.options)
             if sink.partition_by:
                 w = w.partitionBy(*sink.partition_by)
+        elif lone is not None:
+            # A ForeachBatchSink, or a SparkSink whose schema comes from the first rows: each
+            # micro-batch's rows become a DataFrame inside foreachBatch (at-least-once).
+            rows_fn = functools.partial(self._foreach_rows, lone)
+            w = self._port_rows(last, lone.port).writeStream.foreachBatch(rows_fn)
         else:
             ports = sorted({sk.port for sk in self.plan.sinks} | {ins.port for ins in self.plan.inspects})
             if self.routes is not None:
@@ -448,7 +488,7 @@ class StreamingRun:
         else:
             w = w.trigger(processingTime=trigger or _DEFAULT_INTERVAL)
         try:
-            self.query = w.start()
+            self.query = w.start() if to_table is None else w.toTable(to_table)
         except Exception as e:
             from flowspark.spark.kafka import _missing_jar
 
@@ -502,6 +542,26 @@ class StreamingRun:
             self._error = _fail(getattr(e, "step_id", "sink"), e)
             raise
 
+    def _foreach_rows(self, sk: SinkPlan, df: Any, batch_id: int) -> None:
+        """Hand one micro-batch's rows of the lone native sink (`(k, seq, v)` rows) to the sink as a DataFrame."""
+        from pyspark import StorageLevel
+
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)  # computed once, whatever reads it below
+        try:
+            if df.count() == 0:
+                return
+            struct = self._schema(sk, lambda: [loads(r.v) for r in df.select("v").limit(100).collect()])
+            write_rows(sk.step_id, sk.sink, _dict_rows(self.spark, df, sk.step_id, struct), batch_id)
+        except FlowsparkError as e:
+            self._error = e
+            raise
+        except Exception as e:
+            err = decode_task_error(str(e))
+            self._error = err if err is not None else _fail(sk.step_id, e)
+            raise
+        finally:
+            df.unpersist()
+
     def _write(self, sk: Any, items: list[Any], batch_id: int) -> None:
         try:
             if sk.where in ("driver", "dynamic"):
@@ -512,17 +572,12 @@ class StreamingRun:
                 for i in sorted(routed):
                     parts[i].write_batch(routed[i])
             else:
-                bad = next((x for x in items if not isinstance(x, dict)), None)
-                if bad is not None:
-                    raise not_dict_error(sk.step_id, bad)
-                sink = sk.sink
-                if sink.format == "kafka":
-                    sink.write(self.spark.createDataFrame(items, sink.schema))
-                    return
-                w = self.spark.createDataFrame(items, sink.schema).write.mode("append")
-                if sink.options:
-                    w = w.options(**sink.options)
-                w.format(sink.format).save(sink.path)
+                import pyarrow as pa
+                from pyspark.sql.pandas.types import to_arrow_schema
+
+                struct = self._schema(sk, lambda: items)
+                table = pa.Table.from_batches([dict_rows(sk.step_id, items, to_arrow_schema(struct))])
+                write_rows(sk.step_id, sk.sink, self.spark.createDataFrame(table, struct), batch_id)
         except FlowsparkError:
             raise
         except Exception as e:
