@@ -10,9 +10,11 @@ time model) and *where* state lives.
 
 Two timelines are offered here:
 
-- `StepDriver.feed_runs`: hand consecutive runs of a key's values to `on_batch`
-  (the in-memory executor with the system or logical clock; notifications are
-  scheduled by the executor with `notify_at` / `notify`);
+- `StepDriver.feed_grouped` / `feed_runs`: the in-memory executor with the
+  system or logical clock, in Bytewax's order: the items of one activation (one
+  source batch) grouped by key in sorted key order, each key's values of the
+  activation in one `on_batch` (`feed_runs` when every activation holds one item;
+  notifications are scheduled by the executor with `notify_at` / `notify`);
 - `StepDriver.drive` / `drive_chain`: a fixed logical `now` for a whole call
   (the Spark runtimes and `run_main(clock="fixed")`): before each value every
   due notification fires (re-reading `notify_at()` after each fire; a time equal
@@ -32,6 +34,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from datetime import datetime
+from operator import itemgetter
 from typing import Any, Callable, Optional
 
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
@@ -62,6 +65,7 @@ _PACK_I = struct.Struct(">I").pack
 _IDX_CACHE = [_PACK_I(i) for i in range(4096)]
 _KEY_CHUNK = 4096
 _NO_TAG = b"\0" * HEAD_LEN
+_KEY_OF = itemgetter(0)
 
 Emits = list[tuple[bytes, Any]]
 
@@ -315,7 +319,53 @@ class StepDriver:
         return logic, out
 
     # -- the in-memory executor's item path ---------------------------------------
-    def feed_runs(self, logics: dict[str, Any], items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
+    def feed_grouped(
+        self,
+        logics: dict[str, Any],
+        items: list[Any],
+        ends: Optional[list[int]],
+        out: list[Any],
+        touched: dict[str, None],
+        out_ends: Optional[list[int]] = None,
+    ) -> None:
+        """Feed the items of one or more activations in Bytewax's order.
+
+        Within an activation (a source batch) the items are grouped by key, keys in
+        sorted order, and each key's values of the activation (in arrival order) go to
+        one `on_batch`.
+
+        Args:
+            logics: Live logic per key (see `feed_runs`).
+            items: `(str key, value)` items in arrival order.
+            ends: End offset in `items` of each activation, or `None` for one activation.
+            out: Receives `(key, emit)` items.
+            touched: Receives every key seen.
+            out_ends: If given, receives the end offset in `out` of each activation's emits.
+        """
+        n = len(items)
+        start = 0
+        for end in (n,) if ends is None else ends:
+            seg = items if start == 0 and end == n else items[start:end]
+            start = end
+            if len(seg) > 1:
+                try:
+                    seg = sorted(seg, key=_KEY_OF)  # stable: each key's values keep their order
+                except Exception:  # noqa: BLE001,S110
+                    pass  # a malformed item: `feed_runs` reports it where it arrived
+            self.feed_runs(logics, seg, out, touched)
+            if out_ends is not None and (not out_ends or out_ends[-1] != len(out)):
+                out_ends.append(len(out))
+
+    def feed_runs(
+        self,
+        logics: dict[str, Any],
+        items: list[Any],
+        out: list[Any],
+        touched: dict[str, None],
+        out_ends: Optional[list[int]] = None,
+        *,
+        singles: bool = False,
+    ) -> None:
         """Feed `(key, value)` items: each run of consecutive items of one key is one `on_batch`.
 
         Args:
@@ -324,6 +374,9 @@ class StepDriver:
             items: `(str key, value)` items in arrival order.
             out: Receives `(key, emit)` items.
             touched: Receives every key seen.
+            out_ends: If given, receives the end offset in `out` of each run's emits
+                (when it emitted something).
+            singles: Each item is an activation of its own: one `on_batch` per item.
         """
         append = out.append
         builder_for = self.build
@@ -335,7 +388,7 @@ class StepDriver:
                 self.check_item(kv)
             key = kv[0]
             j = i + 1
-            while j < n:
+            while j < n and not singles:
                 nxt = items[j]
                 if type(nxt) is tuple and len(nxt) == 2 and nxt[0] == key:
                     j += 1
@@ -363,6 +416,8 @@ class StepDriver:
                 else:
                     for w in emits:
                         append((key, w))
+                if out_ends is not None:
+                    out_ends.append(len(out))
             if discard:
                 del logics[key]
 
