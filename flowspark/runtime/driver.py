@@ -24,9 +24,9 @@ Two timelines are offered here:
 Tags. `drive` carries each value's *tag*, bytes that sort in processing order
 (the Spark runtimes' sequences, see `flowspark.spark.codec`). An emit gets its
 value's tag plus one 4-byte component (`idx`: its index among the emits of that
-value); end-of-key emits get `eof_tag(level, built)` (sorting after every value
-of the key, by the tag of the value the logic was built on) plus an index from
-`EOF_BASE`. A runtime without tags passes empty bytes and ignores them.
+value); end-of-key emits get `eof_tag(level, key)` (sorting after every value
+of the key, and by key: Bytewax calls `on_eof` in sorted key order) plus an index
+from `EOF_BASE`. A runtime without tags passes empty bytes and ignores them.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ HEAD_LEN = 16
 _PACK_I = struct.Struct(">I").pack
 _IDX_CACHE = [_PACK_I(i) for i in range(4096)]
 _KEY_CHUNK = 4096
-_NO_TAG = b"\0" * HEAD_LEN
+_EOF_FILL = b"\0" * (HEAD_LEN - 4)
 _KEY_OF = itemgetter(0)
 
 Emits = list[tuple[bytes, Any]]
@@ -82,17 +82,24 @@ def idx(i: int) -> bytes:
     return _IDX_CACHE[i] if i < 4096 else _PACK_I(i)
 
 
-def eof_tag(level: int, built: bytes) -> bytes:
+def eof_tag(level: int, key: str) -> bytes:
     """The tag of a key's end-of-key emits.
+
+    The header `EOF_HEADER + level` fills a source header (so a merge's upstream index,
+    inserted after it, sorts below the key), then the key: UTF-8 with `0x00` escaped as
+    `0x00 0xFF` and ended by `0x00 0x00`, so tags compare as the keys do (code point
+    order) and no tag is a prefix of another. These tags are the only sequences of
+    varying length; the components appended after them keep the order.
 
     Args:
         level: Stateful steps on the longest path from a source to this step.
-        built: Tag of the value the key's live logic was built on.
+        key: The key.
 
     Returns:
-        A tag above every tag the step's input can carry, ordered by `built`.
+        A tag above every tag the step's input can carry, ordered by key.
     """
-    return _PACK_I(EOF_HEADER + level) + built[:4] + built[8:]
+    enc = key.encode("utf-8", "surrogatepass").replace(b"\0", b"\0\xff")
+    return _PACK_I(EOF_HEADER + level) + _EOF_FILL + enc + b"\0\0"
 
 
 def bad_item_error(step_id: str, kv: Any) -> FlowsparkTypeError:
@@ -448,9 +455,6 @@ class StepDriver:
             `(emits as (tag, value) pairs in order, logic or None)`.
         """
         out: Emits = []
-        # End-of-key emits sort by the tag of the value the key's live logic was built
-        # on: the in-memory executor ends keys in the order their logics were created.
-        built = items[0][0] if items else _NO_TAG
         if items and logic is None:
             logic = self.build(key)
         if logic is not None and not wants_notify(logic):
@@ -460,7 +464,6 @@ class StepDriver:
                 chunk = items[start : start + _KEY_CHUNK]
                 if logic is None:
                     logic = self.build(key)
-                    built = chunk[0][0]
                 ws, discard = self.feed(key, logic, [v for _, v in chunk])
                 if ws:
                     nw, nc = len(ws), len(chunk)
@@ -474,7 +477,7 @@ class StepDriver:
                 if discard:
                     logic = None
             if eof and logic is not None:
-                tag = eof_tag(self.level, built)
+                tag = eof_tag(self.level, key)
                 ws, discard = self.eof(key, logic)
                 out.extend([(tag + idx(EOF_BASE + j), w) for j, w in enumerate(ws)])
                 if discard:
@@ -483,18 +486,16 @@ class StepDriver:
         for seq, v in items:
             if logic is None:
                 logic = self.build(key)
-                built = seq
             logic, ws = self.fire_due(key, logic, now)
             if logic is None:
                 logic = self.build(key)
-                built = seq
             more, discard = self.feed(key, logic, [v])
             ws.extend(more)
             out.extend([(seq + idx(n), w) for n, w in enumerate(ws)])
             if discard:
                 logic = None
         if eof and logic is not None:
-            tag = eof_tag(self.level, built)
+            tag = eof_tag(self.level, key)
             logic, ws = self.fire_due(key, logic, now)
             if logic is not None:
                 more, discard = self.eof(key, logic)

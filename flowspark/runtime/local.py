@@ -566,7 +566,7 @@ class _StatefulRt(_Rt):
             self._drive_fixed(key, run, now, False, out)
         if not self.eof_done and ex.is_eof(self.up):
             self.eof_done = True
-            for key in list(logics):
+            for key in sorted(logics):
                 touched[key] = None
                 self._drive_fixed(key, [], now, True, out)
 
