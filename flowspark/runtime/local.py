@@ -395,9 +395,10 @@ class _MergeRt(_Rt):
 class _StatefulRt(_Rt):
     """A stateful step: the executor's time model over the per-key driver.
 
-    With the system or logical clock, runs of a key's values go to `on_batch` as
-    they arrive and notifications are kept in a heap (fired in time order after
-    each pass, then re-read for every key touched). With `clock="fixed"` the step
+    With the system or logical clock, each activation's values go to `on_batch`
+    grouped by key in sorted key order (`StepDriver.feed_grouped`) and
+    notifications are kept in a heap (those due after a pass fire in sorted key
+    order, then are re-read for every key touched). With `clock="fixed"` the step
     follows the Spark batch runtime's per-key timeline (`StepDriver.drive`).
     """
 
@@ -544,8 +545,9 @@ class _StatefulRt(_Rt):
     # -- clock="fixed": the per-key timeline of the Spark batch runtime -------------
     def _step_fixed(self, ex: _Executor, items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
         # Time is fixed at `fixed_now` for the whole run; each run of a key's values goes
-        # through the driver's fixed-time timeline (tags unused), and at EOF every key's
-        # due notifications fire, then on_eof.
+        # through the driver's fixed-time timeline (tags unused), and at EOF, key by key
+        # in sorted key order (as the Spark batch runtime's end-of-key tags sort), its
+        # due notifications fire, then its on_eof.
         now = self.fixed_now
         assert now is not None
         driver = self.driver
