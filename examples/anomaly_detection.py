@@ -2,7 +2,9 @@
 
 Input: readings `{"sensor", "value"}` from a CSV file (default
 `examples/data/sensor_readings.csv`) or a list of dicts. Output:
-`(sensor, value, z)` for each anomalous value, in input order.
+`(sensor, value, z)` for each anomalous value, each sensor's in input order;
+across sensors, Bytewax's order (each source batch grouped by sensor, sensors
+sorted: the sample file is one batch).
 
 For each reading, `z = (value - mean) / std` where mean and (population)
 standard deviation are those of the sensor's previous `window` values (up to

@@ -2,7 +2,9 @@
 
 Input: purchases with a `user` and an `amount` in currency units ("12.50"), from
 a CSV file (default `examples/data/purchases.csv`) or a list of dicts. Output:
-after every purchase, `(user, total_so_far)`, in input order.
+after every purchase, `(user, total_so_far)`, each user's in input order; across
+users, Bytewax's order (each source batch grouped by user, users sorted: the
+sample file is one batch).
 
 Amounts are summed as integer cents, so totals are exact.
 

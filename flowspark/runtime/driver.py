@@ -10,9 +10,11 @@ time model) and *where* state lives.
 
 Two timelines are offered here:
 
-- `StepDriver.feed_runs`: hand consecutive runs of a key's values to `on_batch`
-  (the in-memory executor with the system or logical clock; notifications are
-  scheduled by the executor with `notify_at` / `notify`);
+- `StepDriver.feed_grouped` / `feed_runs`: the in-memory executor with the
+  system or logical clock, in Bytewax's order: the items of one activation (one
+  source batch) grouped by key in sorted key order, each key's values of the
+  activation in one `on_batch` (`feed_runs` when every activation holds one item;
+  notifications are scheduled by the executor with `notify_at` / `notify`);
 - `StepDriver.drive` / `drive_chain`: a fixed logical `now` for a whole call
   (the Spark runtimes and `run_main(clock="fixed")`): before each value every
   due notification fires (re-reading `notify_at()` after each fire; a time equal
@@ -22,9 +24,9 @@ Two timelines are offered here:
 Tags. `drive` carries each value's *tag*, bytes that sort in processing order
 (the Spark runtimes' sequences, see `flowspark.spark.codec`). An emit gets its
 value's tag plus one 4-byte component (`idx`: its index among the emits of that
-value); end-of-key emits get `eof_tag(level, built)` (sorting after every value
-of the key, by the tag of the value the logic was built on) plus an index from
-`EOF_BASE`. A runtime without tags passes empty bytes and ignores them.
+value); end-of-key emits get `eof_tag(level, key)` (sorting after every value
+of the key, and by key: Bytewax calls `on_eof` in sorted key order) plus an index
+from `EOF_BASE`. A runtime without tags passes empty bytes and ignores them.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 from datetime import datetime
+from operator import itemgetter
 from typing import Any, Callable, Optional
 
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
@@ -61,7 +64,8 @@ HEAD_LEN = 16
 _PACK_I = struct.Struct(">I").pack
 _IDX_CACHE = [_PACK_I(i) for i in range(4096)]
 _KEY_CHUNK = 4096
-_NO_TAG = b"\0" * HEAD_LEN
+_EOF_FILL = b"\0" * (HEAD_LEN - 4)
+_KEY_OF = itemgetter(0)
 
 Emits = list[tuple[bytes, Any]]
 
@@ -78,17 +82,24 @@ def idx(i: int) -> bytes:
     return _IDX_CACHE[i] if i < 4096 else _PACK_I(i)
 
 
-def eof_tag(level: int, built: bytes) -> bytes:
+def eof_tag(level: int, key: str) -> bytes:
     """The tag of a key's end-of-key emits.
+
+    The header `EOF_HEADER + level` fills a source header (so a merge's upstream index,
+    inserted after it, sorts below the key), then the key: UTF-8 with `0x00` escaped as
+    `0x00 0xFF` and ended by `0x00 0x00`, so tags compare as the keys do (code point
+    order) and no tag is a prefix of another. These tags are the only sequences of
+    varying length; the components appended after them keep the order.
 
     Args:
         level: Stateful steps on the longest path from a source to this step.
-        built: Tag of the value the key's live logic was built on.
+        key: The key.
 
     Returns:
-        A tag above every tag the step's input can carry, ordered by `built`.
+        A tag above every tag the step's input can carry, ordered by key.
     """
-    return _PACK_I(EOF_HEADER + level) + built[:4] + built[8:]
+    enc = key.encode("utf-8", "surrogatepass").replace(b"\0", b"\0\xff")
+    return _PACK_I(EOF_HEADER + level) + _EOF_FILL + enc + b"\0\0"
 
 
 def bad_item_error(step_id: str, kv: Any) -> FlowsparkTypeError:
@@ -315,7 +326,53 @@ class StepDriver:
         return logic, out
 
     # -- the in-memory executor's item path ---------------------------------------
-    def feed_runs(self, logics: dict[str, Any], items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
+    def feed_grouped(
+        self,
+        logics: dict[str, Any],
+        items: list[Any],
+        ends: Optional[list[int]],
+        out: list[Any],
+        touched: dict[str, None],
+        out_ends: Optional[list[int]] = None,
+    ) -> None:
+        """Feed the items of one or more activations in Bytewax's order.
+
+        Within an activation (a source batch) the items are grouped by key, keys in
+        sorted order, and each key's values of the activation (in arrival order) go to
+        one `on_batch`.
+
+        Args:
+            logics: Live logic per key (see `feed_runs`).
+            items: `(str key, value)` items in arrival order.
+            ends: End offset in `items` of each activation, or `None` for one activation.
+            out: Receives `(key, emit)` items.
+            touched: Receives every key seen.
+            out_ends: If given, receives the end offset in `out` of each activation's emits.
+        """
+        n = len(items)
+        start = 0
+        for end in (n,) if ends is None else ends:
+            seg = items if start == 0 and end == n else items[start:end]
+            start = end
+            if len(seg) > 1:
+                try:
+                    seg = sorted(seg, key=_KEY_OF)  # stable: each key's values keep their order
+                except Exception:  # noqa: BLE001,S110
+                    pass  # a malformed item: `feed_runs` reports it where it arrived
+            self.feed_runs(logics, seg, out, touched)
+            if out_ends is not None and (not out_ends or out_ends[-1] != len(out)):
+                out_ends.append(len(out))
+
+    def feed_runs(
+        self,
+        logics: dict[str, Any],
+        items: list[Any],
+        out: list[Any],
+        touched: dict[str, None],
+        out_ends: Optional[list[int]] = None,
+        *,
+        singles: bool = False,
+    ) -> None:
         """Feed `(key, value)` items: each run of consecutive items of one key is one `on_batch`.
 
         Args:
@@ -324,6 +381,9 @@ class StepDriver:
             items: `(str key, value)` items in arrival order.
             out: Receives `(key, emit)` items.
             touched: Receives every key seen.
+            out_ends: If given, receives the end offset in `out` of each run's emits
+                (when it emitted something).
+            singles: Each item is an activation of its own: one `on_batch` per item.
         """
         append = out.append
         builder_for = self.build
@@ -335,7 +395,7 @@ class StepDriver:
                 self.check_item(kv)
             key = kv[0]
             j = i + 1
-            while j < n:
+            while j < n and not singles:
                 nxt = items[j]
                 if type(nxt) is tuple and len(nxt) == 2 and nxt[0] == key:
                     j += 1
@@ -363,6 +423,8 @@ class StepDriver:
                 else:
                     for w in emits:
                         append((key, w))
+                if out_ends is not None:
+                    out_ends.append(len(out))
             if discard:
                 del logics[key]
 
@@ -393,9 +455,6 @@ class StepDriver:
             `(emits as (tag, value) pairs in order, logic or None)`.
         """
         out: Emits = []
-        # End-of-key emits sort by the tag of the value the key's live logic was built
-        # on: the in-memory executor ends keys in the order their logics were created.
-        built = items[0][0] if items else _NO_TAG
         if items and logic is None:
             logic = self.build(key)
         if logic is not None and not wants_notify(logic):
@@ -405,7 +464,6 @@ class StepDriver:
                 chunk = items[start : start + _KEY_CHUNK]
                 if logic is None:
                     logic = self.build(key)
-                    built = chunk[0][0]
                 ws, discard = self.feed(key, logic, [v for _, v in chunk])
                 if ws:
                     nw, nc = len(ws), len(chunk)
@@ -419,7 +477,7 @@ class StepDriver:
                 if discard:
                     logic = None
             if eof and logic is not None:
-                tag = eof_tag(self.level, built)
+                tag = eof_tag(self.level, key)
                 ws, discard = self.eof(key, logic)
                 out.extend([(tag + idx(EOF_BASE + j), w) for j, w in enumerate(ws)])
                 if discard:
@@ -428,18 +486,16 @@ class StepDriver:
         for seq, v in items:
             if logic is None:
                 logic = self.build(key)
-                built = seq
             logic, ws = self.fire_due(key, logic, now)
             if logic is None:
                 logic = self.build(key)
-                built = seq
             more, discard = self.feed(key, logic, [v])
             ws.extend(more)
             out.extend([(seq + idx(n), w) for n, w in enumerate(ws)])
             if discard:
                 logic = None
         if eof and logic is not None:
-            tag = eof_tag(self.level, built)
+            tag = eof_tag(self.level, key)
             logic, ws = self.fire_due(key, logic, now)
             if logic is not None:
                 more, discard = self.eof(key, logic)

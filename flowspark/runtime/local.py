@@ -8,10 +8,15 @@ epochs close and recovery snapshots are taken. When the graph merges two or more
 streams (`merge`, `join`), a pass carries one `next_batch` per partition instead,
 so streams meet batch by batch as in Bytewax (see `_Executor.one_batch_per_pass`).
 
-Order guarantees: the items of one source partition keep their order through
-stateless steps; `merge` keeps each upstream's order; a stateful step sees each
-key's values in arrival order and, because it hands consecutive runs of the same
-key to `on_batch` in arrival order, its output keeps the input order too.
+Order, as in Bytewax: the items of one source partition keep their order through
+stateless steps; `merge` keeps each upstream's order. A stateful step works per
+*activation*: in Bytewax one source batch (one `next_batch` per partition; where
+streams merge, the batches of every partition polled together). It groups an
+activation's items by key, keys in sorted order, and hands each key's values of the
+activation (in arrival order) to one `on_batch`; due notifications fire in sorted
+key order, and `on_eof` runs for every live key in sorted key order. A pass that
+gathers several source batches records where each batch ends (*bounds*), and
+stateless steps keep those bounds on the streams that lead to a stateful step.
 
 Time: notifications (`notify_at`) are checked after every pass against
 `flowspark._time.utc_now()`, also while inputs are idle (PAUSE). With
@@ -51,6 +56,11 @@ __all__ = ["LogicalClock", "run_main"]
 
 _BATCH_TARGET = 1024
 _IDLE_SLEEP = 0.001
+
+#: Bounds of a stream's items in a pass: where each activation (source batch) ends.
+#: `None`: the pass is one activation; `_SINGLES`: each item is its own activation;
+#: otherwise a list of end offsets.
+_SINGLES: Any = ("singles",)
 
 
 class _Abort(Exception):  # noqa: N818
@@ -132,6 +142,7 @@ class _InputRt(_Rt):
         if self.aborting:
             raise _Abort()
         out: list[Any] = []
+        ends: list[int] = []
         now: Optional[datetime] = None
         for key, part in self.parts:
             if self.part_eof[key]:
@@ -155,6 +166,8 @@ class _InputRt(_Rt):
                     got = n
                     out.extend(batch)
                     n = len(out)
+                    if n != got:
+                        ends.append(n)
                     awake = next_awake()
                     awakes[key] = awake
                     if awake is not None or n == got or one_batch:
@@ -176,7 +189,8 @@ class _InputRt(_Rt):
                 raise _fail(self.step_id, e) from e
         if out:
             ex.polled += len(out)
-            ex.emit(self.down, out)
+            n = len(out)
+            ex.emit(self.down, out, None if len(ends) <= 1 else _SINGLES if len(ends) == n else ends)
         if all(self.part_eof.values()):
             self.eof = True
 
@@ -271,28 +285,46 @@ class _MapRt(_Rt):
         self.copy_input = copy_input
         # On failure, a flat_map_batch's error names the item (the mapper runs again item by item).
         self.locate = isinstance(node, ir.FlatMapBatch)
+        # One output per input, in order: activation bounds stay as they are.
+        self.keeps_bounds = not self.locate or node.one_to_one
 
     def step(self, ex: _Executor) -> None:
         items = ex.take(self.up)
         if items:
-            try:
-                res = self.fn(list(items) if self.copy_input else items)
-                if type(res) is list:
-                    out = res
-                elif isinstance(res, Iterable):
-                    out = list(res)
-                else:
-                    msg = (
-                        f"step {self.step_id!r}: mapper must return an iterable (e.g. a list) for "
-                        f"each batch; returned {res!r} of type {type(res).__name__}"
-                    )
-                    raise FlowsparkTypeError(msg)
-            except Exception as e:
-                bad = failing_item(self.fn, list(items)) if self.locate else NOT_FOUND
-                raise step_error(self.step_id, e, item=bad) if bad is not NOT_FOUND else _fail(self.step_id, e) from e
+            bounds = ex.take_bounds(self.up) if self.down in ex.needs_bounds else None
+            if bounds is None or self.keeps_bounds:
+                out = self._call(items)
+            else:
+                # Keep the activations apart: the mapper runs once per source batch, as in Bytewax.
+                out = []
+                ends: list[int] = []
+                for seg in _segments(items, bounds):
+                    out.extend(self._call(seg))
+                    if len(out) != (ends[-1] if ends else 0):
+                        ends.append(len(out))
+                bounds = None if len(ends) <= 1 else _SINGLES if len(ends) == len(out) else ends
             if out:
-                ex.emit(self.down, out)
+                ex.emit(self.down, out, bounds)
         self.eof = ex.is_eof(self.up)
+
+    def _call(self, items: list[Any]) -> list[Any]:
+        out: list[Any]
+        try:
+            res = self.fn(list(items) if self.copy_input else items)
+            if type(res) is list:
+                out = res
+            elif isinstance(res, Iterable):
+                out = list(res)
+            else:
+                msg = (
+                    f"step {self.step_id!r}: mapper must return an iterable (e.g. a list) for "
+                    f"each batch; returned {res!r} of type {type(res).__name__}"
+                )
+                raise FlowsparkTypeError(msg)
+        except Exception as e:
+            bad = failing_item(self.fn, list(items)) if self.locate else NOT_FOUND
+            raise step_error(self.step_id, e, item=bad) if bad is not NOT_FOUND else _fail(self.step_id, e) from e
+        return out
 
 
 class _BranchRt(_Rt):
@@ -306,24 +338,42 @@ class _BranchRt(_Rt):
         if items:
             trues: list[Any] = []
             falses: list[Any] = []
-            pred = self.node.predicate
-            x = None
-            try:
-                for x in items:
-                    r = pred(x)
-                    if r is True:
-                        trues.append(x)
-                    elif r is False:
-                        falses.append(x)
-                    else:
-                        _check_bool(self.step_id, "branch predicate", x, r)
-            except Exception as e:
-                raise step_error(self.step_id, e, item=x) from e
+            node = self.node
+            keep = node.trues in ex.needs_bounds or node.falses in ex.needs_bounds
+            bounds = ex.take_bounds(self.up) if keep else None
+            t_ends: list[int] = []
+            f_ends: list[int] = []
+            for seg in (items,) if bounds is None or bounds is _SINGLES else _segments(items, bounds):
+                self._split(seg, trues, falses)
+                if len(trues) != (t_ends[-1] if t_ends else 0):
+                    t_ends.append(len(trues))
+                if len(falses) != (f_ends[-1] if f_ends else 0):
+                    f_ends.append(len(falses))
+            if bounds is not None and bounds is not _SINGLES:
+                t_bounds = None if len(t_ends) <= 1 else t_ends
+                f_bounds = None if len(f_ends) <= 1 else f_ends
+            else:
+                t_bounds = f_bounds = bounds
             if trues:
-                ex.emit(self.node.trues, trues)
+                ex.emit(node.trues, trues, t_bounds)
             if falses:
-                ex.emit(self.node.falses, falses)
+                ex.emit(node.falses, falses, f_bounds)
         self.eof = ex.is_eof(self.up)
+
+    def _split(self, items: list[Any], trues: list[Any], falses: list[Any]) -> None:
+        pred = self.node.predicate
+        x = None
+        try:
+            for x in items:
+                r = pred(x)
+                if r is True:
+                    trues.append(x)
+                elif r is False:
+                    falses.append(x)
+                else:
+                    _check_bool(self.step_id, "branch predicate", x, r)
+        except Exception as e:
+            raise step_error(self.step_id, e, item=x) from e
 
 
 class _MergeRt(_Rt):
@@ -337,16 +387,18 @@ class _MergeRt(_Rt):
         for up in self.ups:
             out.extend(ex.take(up))
         if out:
-            ex.emit(self.down, out)
+            # Streams meet only in one-batch-per-pass mode, where a pass is one activation.
+            ex.emit(self.down, out, ex.take_bounds(self.ups[0]) if len(self.ups) == 1 else None)
         self.eof = all(ex.is_eof(up) for up in self.ups)
 
 
 class _StatefulRt(_Rt):
     """A stateful step: the executor's time model over the per-key driver.
 
-    With the system or logical clock, runs of a key's values go to `on_batch` as
-    they arrive and notifications are kept in a heap (fired in time order after
-    each pass, then re-read for every key touched). With `clock="fixed"` the step
+    With the system or logical clock, each activation's values go to `on_batch`
+    grouped by key in sorted key order (`StepDriver.feed_grouped`) and
+    notifications are kept in a heap (those due after a pass fire in sorted key
+    order, then are re-read for every key touched). With `clock="fixed"` the step
     follows the Spark batch runtime's per-key timeline (`StepDriver.drive`).
     """
 
@@ -395,16 +447,20 @@ class _StatefulRt(_Rt):
 
     def step(self, ex: _Executor) -> None:
         items = ex.take(self.up)
-        out, touched = self._process(ex, items)
+        bounds = ex.take_bounds(self.up) if items else None
+        out_ends: Optional[list[int]] = [] if self.down in ex.needs_bounds else None
+        out, touched = self._process(ex, items, bounds, out_ends)
         if self.reference is not None:
-            self._check_resumed(ex, items, out, touched)
+            self._check_resumed(ex, items, bounds, out, touched)
         if self.track:
             self.touched_epoch.update(touched)
         if out:
-            ex.emit(self.down, out)
+            ex.emit(self.down, out, None if out_ends is None or len(out_ends) <= 1 else out_ends)
         self.eof = self.eof_done
 
-    def _process(self, ex: _Executor, items: list[Any]) -> tuple[list[Any], dict[str, None]]:
+    def _process(
+        self, ex: _Executor, items: list[Any], bounds: Any, out_ends: Optional[list[int]] = None
+    ) -> tuple[list[Any], dict[str, None]]:
         out: list[Any] = []
         touched: dict[str, None] = {}
         if self.fixed_now is not None:
@@ -412,21 +468,36 @@ class _StatefulRt(_Rt):
         else:
             driver = self.driver
             if items:
-                driver.feed_runs(self.logics, items, out, touched)
+                if bounds is _SINGLES:
+                    driver.feed_runs(self.logics, items, out, touched, out_ends, singles=True)
+                else:
+                    driver.feed_grouped(self.logics, items, bounds, out, touched, out_ends)
             if self.heap:
                 self._on_notify(ex.now(), out, touched)
             if not self.eof_done and ex.is_eof(self.up):
                 self.eof_done = True
-                for key in list(self.logics):
+                if self.notifies:
+                    # Bytewax sees end of input in a later activation, which first fires the
+                    # notifications that the last items' `notify_at()` made due.
+                    for key in touched:
+                        self._schedule(key)
+                    if self.heap:
+                        self._on_notify(ex.now(), out, touched)
+                for key in sorted(self.logics):
                     touched[key] = None
                     self._emit(key, driver.eof(key, self.logics[key]), out)
             if self.notifies:
                 for key in touched:
                     self._schedule(key)
+            # Notifications and end of input: one more activation (Bytewax's next wake-up).
+            if out_ends is not None and len(out) != (out_ends[-1] if out_ends else 0):
+                out_ends.append(len(out))
         return out, touched
 
     # -- roundtrip_state: resume every touched key from its pickled snapshot ----------
-    def _check_resumed(self, ex: _Executor, items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
+    def _check_resumed(
+        self, ex: _Executor, items: list[Any], bounds: Any, out: list[Any], touched: dict[str, None]
+    ) -> None:
         """Compare with the reference (never resumed) logics, then resume every touched key.
 
         The Spark streaming runtime rebuilds each key's logic from its snapshot in every
@@ -436,7 +507,7 @@ class _StatefulRt(_Rt):
         emit something else than the live ones.
         """
         assert self.reference is not None
-        want, _ = self.reference._process(ex, items)
+        want, _ = self.reference._process(ex, items, bounds)
         if want != out and not _same_pickles(want, out):
             got_by_key, want_by_key = _by_key(out), _by_key(want)
             key = next(k for k in sorted(set(got_by_key) | set(want_by_key)) if got_by_key.get(k) != want_by_key.get(k))
@@ -463,7 +534,8 @@ class _StatefulRt(_Rt):
             if self.sched.get(key) == at:
                 del self.sched[key]
                 due.append((at, key))
-        for _at, key in sorted(due):
+        # Due notifications fire in sorted key order (as in Bytewax), not in time order.
+        for _at, key in sorted(due, key=_second):
             logic = self.logics.get(key)
             if logic is None:
                 continue
@@ -473,8 +545,9 @@ class _StatefulRt(_Rt):
     # -- clock="fixed": the per-key timeline of the Spark batch runtime -------------
     def _step_fixed(self, ex: _Executor, items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
         # Time is fixed at `fixed_now` for the whole run; each run of a key's values goes
-        # through the driver's fixed-time timeline (tags unused), and at EOF every key's
-        # due notifications fire, then on_eof.
+        # through the driver's fixed-time timeline (tags unused), and at EOF, key by key
+        # in sorted key order (as the Spark batch runtime's end-of-key tags sort), its
+        # due notifications fire, then its on_eof.
         now = self.fixed_now
         assert now is not None
         driver = self.driver
@@ -495,7 +568,7 @@ class _StatefulRt(_Rt):
             self._drive_fixed(key, run, now, False, out)
         if not self.eof_done and ex.is_eof(self.up):
             self.eof_done = True
-            for key in list(logics):
+            for key in sorted(logics):
                 touched[key] = None
                 self._drive_fixed(key, [], now, True, out)
 
@@ -550,6 +623,7 @@ class _Executor:
         self.one_batch_per_pass = roundtrip_state or any(
             isinstance(n, ir.Merge) and len(n.ups) > 1 for n in graph.nodes
         )
+        self.bounds: dict[str, Any] = {}
         resume: dict[str, dict[str, Any]] = {}
         if store is not None:
             resume = store.load()
@@ -562,6 +636,12 @@ class _Executor:
             self.rts.append(rt)
             for d in node.downs:
                 self.producer[d] = rt
+        # Bytewax polls one batch from every partition of a source in one activation.
+        if any(isinstance(rt, _InputRt) and len(rt.parts) > 1 for rt in self.rts):
+            self.one_batch_per_pass = True
+        #: Streams whose activation bounds matter: a stateful step is downstream. With one
+        #: source batch per pass, a pass is one activation and no bounds are kept.
+        self.needs_bounds: set[str] = set() if self.one_batch_per_pass else _leading_to_stateful(graph)
 
     def _build_rt(self, node: ir.Node, resume: dict[str, Any], consumers: dict[str, list[ir.Node]]) -> _Rt:
         shared = any(len(consumers.get(up, [])) > 1 for up in node.ups)
@@ -604,15 +684,23 @@ class _Executor:
         return run
 
     # -- data movement used by the step runtimes --------------------------
-    def emit(self, stream_id: str, items: list[Any]) -> None:
+    def emit(self, stream_id: str, items: list[Any], bounds: Any = None) -> None:
         cur = self.vals.get(stream_id)
         if cur is None:
             self.vals[stream_id] = items
+            if bounds is not None and stream_id in self.needs_bounds:
+                self.bounds[stream_id] = bounds
         else:
+            if stream_id in self.needs_bounds:
+                before = _ends(self.bounds.get(stream_id), len(cur))
+                self.bounds[stream_id] = before + [len(cur) + e for e in _ends(bounds, len(items))]
             cur.extend(items)
 
     def take(self, stream_id: str) -> list[Any]:
         return self.vals.get(stream_id, _NONE)
+
+    def take_bounds(self, stream_id: str) -> Any:
+        return self.bounds.get(stream_id)
 
     def is_eof(self, stream_id: str) -> bool:
         return self.producer[stream_id].eof
@@ -627,6 +715,8 @@ class _Executor:
         for rt in self.rts:
             rt.step(self)
         self.vals = {}
+        if self.bounds:
+            self.bounds = {}
 
     def all_eof(self) -> bool:
         return all(rt.eof for rt in self.rts)
@@ -687,6 +777,46 @@ class _Executor:
 
 
 _NONE: list[Any] = []
+
+
+def _second(pair: tuple[Any, Any]) -> Any:
+    return pair[1]
+
+
+def _ends(bounds: Any, n: int) -> list[int]:
+    """Bounds as a list of end offsets."""
+    if bounds is None:
+        return [n]
+    if bounds is _SINGLES:
+        return list(range(1, n + 1))
+    return list(bounds)
+
+
+def _segments(items: list[Any], bounds: Any) -> Iterable[list[Any]]:
+    """The items of each activation (see `_SINGLES`)."""
+    if bounds is None:
+        return (items,)
+    if bounds is _SINGLES:
+        return ([x] for x in items)
+    starts = [0, *bounds[:-1]]
+    return (items[a:b] for a, b in zip(starts, bounds, strict=True))
+
+
+def _leading_to_stateful(graph: ir.Graph) -> set[str]:
+    """Streams from which a stateful step can be reached."""
+    consumers = graph.consumers()
+    memo: dict[str, bool] = {}
+
+    def leads(stream: str) -> bool:
+        if stream not in memo:
+            memo[stream] = False
+            memo[stream] = any(
+                isinstance(node, ir.StatefulBatch) or any(leads(d) for d in node.downs)
+                for node in consumers.get(stream, [])
+            )
+        return memo[stream]
+
+    return {s for node in graph.nodes for s in node.downs if leads(s)}
 
 
 def _same_pickles(a: Any, b: Any) -> bool:

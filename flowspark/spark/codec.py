@@ -11,15 +11,15 @@
   after the last value, then `on_eof`) get the header `EOF_HEADER + level`
   (`level`: the number of stateful steps on the longest path from a source to
   this step, so it is above every header the step's input can carry), then the
-  header and position of the value the key's logic was built on (its partition
-  field is dropped to keep the length), and indexes from `EOF_BASE` on: they
-  sort after every item emitted while input flowed, and keys end in the order
-  their logics were created, as in the in-memory executor. A merge inserts the
+  key (`flowspark.runtime.driver.eof_tag`), and indexes from `EOF_BASE` on: they
+  sort after every item emitted while input flowed, and keys end in sorted key
+  order, as in Bytewax and the in-memory executor. A merge inserts the
   upstream's index right after the 16-byte source header and pads the sequence
   to the longest upstream's length, so items derived from one source item come
-  upstream by upstream, as in the in-memory executor's passes. All sequences of
-  one stream have the same length (`flowspark.spark.plan.sequence_lengths`), and
-  sorting by sequence restores the order of the in-memory executor for every
+  upstream by upstream, as in the in-memory executor's passes. Sequences of one
+  stream have the same length except behind an end-of-key tag (the key's length
+  varies; its encoding is prefix-free, so comparisons never reach the padding), and
+  sorting by sequence restores the order of `run_main(clock="fixed")` for every
   item of one source partition and, within a key, exactly.
 - **Errors** (`encode_task_error` / `decode_task_error`): a marker that carries a
   `FlowsparkRuntimeError` through Spark's (Java) exception chain to the driver.

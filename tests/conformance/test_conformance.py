@@ -297,6 +297,24 @@ def test_stateful_then_rekey_then_stateful(runtime):
     assert out == [("all", [6, 30, 100])]
 
 
+@at_eof_only("fold_final emits", "the accumulators stay in state")
+@pytest.mark.parametrize("start_time", [None, T0], ids=["clock", "fixed"])
+def test_end_of_input_in_sorted_key_order(runtime, start_time):
+    # As bytewax 0.21.1: on_eof runs in sorted key order, not in the order keys arrived;
+    # the next stateful step gets the results in that order too.
+    def build(s):
+        totals = op.fold_final("tot", s, lambda: 0, lambda acc, v: acc + v)
+        everything = op.key_on("all", op.key_rm("rm", totals), lambda v: "all")
+        op.output("each", totals, TestingSink(each))
+        return op.fold_final("list", everything, list, lambda acc, v: [*acc, v])
+
+    each: list[Any] = []
+    flow, out = pipe([("c", 1), ("a", 2), ("b", 3), ("a", 4)], build)
+    runtime.run(flow, start_time=start_time)
+    assert each == [("a", 6), ("b", 3), ("c", 1)]
+    assert out == [("all", [6, 3, 1])]
+
+
 class Counter(StatefulLogic):
     def __init__(self, state: Optional[int]):
         self.n = state or 0

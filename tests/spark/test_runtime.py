@@ -17,6 +17,7 @@ from flowspark.operators import StatefulLogic
 from flowspark.runtime.driver import drive_chain
 from flowspark.spark import run
 from flowspark.spark.codec import (
+    apply_pad,
     decode_task_error,
     dumps,
     encode_task_error,
@@ -158,14 +159,39 @@ def test_chain_of_steps_and_sorted_rows():
     assert isinstance(ei.value.__cause__, TypeError)
 
 
-def test_end_of_key_emits_sort_after_the_key_values_and_by_key_creation():
+def test_end_of_key_emits_sort_after_the_key_values_and_by_key():
     step = KeyedStep("f.st", stateful_builder(Sum))
-    a, _ = drive_key("a", [(source_seq(0, 0, 1), 1), (source_seq(0, 0, 7), 1)], (step,), now=T0)
+    a, _ = drive_key("a", [(source_seq(0, 0, 5), 1), (source_seq(0, 0, 7), 1)], (step,), now=T0)
     b, _ = drive_key("b", [(source_seq(0, 0, 3), 1)], (step,), now=T0)
     eof_a, eof_b = a[-1][0], b[-1][0]
     assert eof_a > a[-2][0]
-    assert eof_a < eof_b  # "a" was created first (position 1 < 3)
+    assert eof_a < eof_b  # on_eof in sorted key order (as Bytewax), though "b" came first
     assert eof_a > source_seq(2**16, 0, 0)  # after any regular item
+
+
+@pytest.mark.parametrize("pad", [b"", b"\0\0\0\1" + b"\0" * 8])
+def test_end_of_key_tags_compare_as_their_keys(pad):
+    # Keys that share prefixes, hold NUL, surrogates or characters beyond the BMP; a
+    # merge's pad (upstream index after the header, zeros appended) keeps the order.
+    keys = [
+        "",
+        "\0",
+        "a",
+        "a\0",
+        "a\0\0",
+        "a\1",
+        "ab",
+        "abcdefghijklmnopq",
+        "abcdefghijklmnopr",
+        "b",
+        "\ud800",
+        "\ue000",
+        "\U00010000",
+    ]
+    step = KeyedStep("f.st", stateful_builder(Sum))
+    tags = {k: apply_pad(drive_key(k, [(source_seq(0, 0, 1), 1)], (step,), now=T0)[0][-1][0], pad) for k in keys}
+    assert sorted(keys, key=tags.__getitem__) == sorted(keys)
+    assert not any(t != u and u.startswith(t) for t in tags.values() for u in tags.values())
 
 
 def test_error_marker_round_trip():

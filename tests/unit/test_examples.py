@@ -1,7 +1,9 @@
 """The examples under examples/: run through run_main, the script itself and `python -m flowspark.run`.
 
 Every expected output is computed here with plain Python from the same sample
-data, independently of the examples' own code.
+data, independently of the examples' own code, in input order; `one_activation`
+then puts it in Bytewax's order for a sample file, which its source reads in one
+batch (bytewax 0.21.1 runs these examples to the same lists).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import statistics
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
+from operator import itemgetter
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -47,13 +50,30 @@ def collect(mod: ModuleType, clock: str = "system", **kw: Any) -> list[Any]:
     return out
 
 
+FILE_BATCH = 1000  # FileSource's and CSVSource's default batch_size
+
+
 def read_csv(name: str) -> list[dict[str, str]]:
     with open(DATA / name, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+        rows = list(csv.DictReader(f))
+    assert len(rows) < FILE_BATCH  # the whole file is one source batch
+    return rows
 
 
 def read_jsonl(name: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (DATA / name).read_text(encoding="utf-8").splitlines() if line]
+    rows = [json.loads(line) for line in (DATA / name).read_text(encoding="utf-8").splitlines() if line]
+    assert len(rows) < FILE_BATCH  # the whole file is one source batch
+    return rows
+
+
+def one_activation(out: list[Any]) -> list[Any]:
+    """Outputs of a stateful step fed one source batch, in Bytewax's order.
+
+    The batch's items are grouped by key, keys in sorted order, each key's values in
+    input order: `out` (per-item outputs in input order, keyed by their first field)
+    sorted stably by key.
+    """
+    return sorted(out, key=itemgetter(0))
 
 
 # ---------------------------------------------------------------------------
@@ -149,10 +169,21 @@ def expected_activity(segments: list[list[str]], pause: float, timeout: float) -
 # ---------------------------------------------------------------------------
 
 
+def test_sample_files_tell_input_order_from_key_order() -> None:
+    # Otherwise the file tests below could not see a flow that keeps input order.
+    for out in [
+        expected_running_totals(read_csv("purchases.csv")),
+        expected_sessions(read_jsonl("clicks.jsonl"))[0],
+        expected_conversions(read_jsonl("shop_events.jsonl")),
+        expected_anomalies(read_csv("sensor_readings.csv")),
+    ]:
+        assert one_activation(out) != out
+
+
 def test_running_total_file() -> None:
     rows = read_csv("purchases.csv")
     assert len(rows) > 20
-    assert collect(load("running_total")) == expected_running_totals(rows)
+    assert collect(load("running_total")) == one_activation(expected_running_totals(rows))
 
 
 def test_running_total_list() -> None:
@@ -177,10 +208,12 @@ def test_running_total_rejects_sub_cent_amounts() -> None:
 # ---------------------------------------------------------------------------
 
 
-def check_sessions(out: list[Any], events: list[dict[str, Any]], gap_s: float = 1800) -> None:
+def check_sessions(out: list[Any], events: list[dict[str, Any]], gap_s: float = 1800, *, from_file: bool) -> None:
+    """Sessions closed by a later event (in input order, or Bytewax's order for a file read
+    in one batch), then the sessions still open at EOF in sorted key order (`on_eof`)."""
     closed, still_open = expected_sessions(events, gap_s)
-    assert out[: len(closed)] == closed
-    assert sorted(out[len(closed) :]) == sorted(still_open)
+    assert out[: len(closed)] == (one_activation(closed) if from_file else closed)
+    assert out[len(closed) :] == sorted(still_open)
 
 
 def test_sessionization_file() -> None:
@@ -193,7 +226,7 @@ def test_sessionization_file() -> None:
         by_user.setdefault(e["user"], []).append(datetime.fromisoformat(e["ts"]))
     gaps = {b - a for ts in by_user.values() for a, b in zip(ts, ts[1:], strict=False)}
     assert timedelta(minutes=30) in gaps
-    check_sessions(collect(load("sessionization")), events)
+    check_sessions(collect(load("sessionization")), events, from_file=True)
 
 
 def test_sessionization_gap_boundary_and_late_event() -> None:
@@ -208,14 +241,15 @@ def test_sessionization_gap_boundary_and_late_event() -> None:
     # Exactly 30 min continues a session, 30.01 min ends it; the closed session is emitted
     # when the event that ends it arrives.
     assert out[:2] == [("a", iso(0), iso(30), 2), ("b", iso(5), iso(5), 1)]
-    # At EOF: "a" with the late 58-minute event folded in (85 is 24.99 min after 60.01), and "b".
-    assert sorted(out[2:]) == [("a", iso(58), iso(85), 3), ("b", iso(40), iso(40), 1)]
-    check_sessions(out, events)
+    # At EOF, in key order: "a" with the late 58-minute event folded in (85 is 24.99 min
+    # after 60.01), and "b".
+    assert out[2:] == [("a", iso(58), iso(85), 3), ("b", iso(40), iso(40), 1)]
+    check_sessions(out, events, from_file=False)
 
 
 def test_sessionization_gap_parameter() -> None:
     events = read_jsonl("clicks.jsonl")
-    check_sessions(collect(load("sessionization"), gap_minutes=10), events, gap_s=600)
+    check_sessions(collect(load("sessionization"), gap_minutes=10), events, gap_s=600, from_file=True)
 
 
 def test_sessionization_bad_time_names_step() -> None:
@@ -234,7 +268,7 @@ def test_event_sequencing_file() -> None:
     expected = expected_conversions(events)
     purchases = sum(1 for e in events if e["event"] == "purchase")
     assert 0 < len(expected) < purchases  # some funnels convert, some are out of order
-    assert collect(load("event_sequencing")) == expected
+    assert collect(load("event_sequencing")) == one_activation(expected)
 
 
 @pytest.mark.parametrize(
@@ -322,7 +356,8 @@ def test_active_users_file_reports_only_active_at_eof() -> None:
     first_seen = list(dict.fromkeys(e["user"] for e in events))
     assert len(first_seen) < len(events)  # repeated users do not re-activate
     out = collect(load("active_users"))
-    assert out == [("active", u) for u in first_seen]
+    # One source batch: each user's first event, users in sorted order.
+    assert out == [("active", u) for u in sorted(first_seen)]
 
 
 def test_active_users_logic_with_injected_clock() -> None:
@@ -360,7 +395,7 @@ def test_anomaly_detection_file() -> None:
     rows = read_csv("sensor_readings.csv")
     expected = expected_anomalies(rows)
     assert len(expected) >= 4
-    check_anomalies(collect(load("anomaly_detection")), expected)
+    check_anomalies(collect(load("anomaly_detection")), one_activation(expected))
 
 
 def _readings(n: int, seed: int) -> list[dict[str, Any]]:
@@ -414,15 +449,15 @@ def test_anomaly_detection_state_is_bounded() -> None:
 
 def check_cli_output(name: str, out: list[Any]) -> None:
     if name == "running_total":
-        assert out == expected_running_totals(read_csv("purchases.csv"))
+        assert out == one_activation(expected_running_totals(read_csv("purchases.csv")))
     elif name == "sessionization":
-        check_sessions(out, read_jsonl("clicks.jsonl"))
+        check_sessions(out, read_jsonl("clicks.jsonl"), from_file=True)
     elif name == "event_sequencing":
-        assert out == expected_conversions(read_jsonl("shop_events.jsonl"))
+        assert out == one_activation(expected_conversions(read_jsonl("shop_events.jsonl")))
     elif name == "active_users":
-        assert out == [("active", u) for u in dict.fromkeys(e["user"] for e in read_jsonl("activity.jsonl"))]
+        assert out == [("active", u) for u in sorted({e["user"] for e in read_jsonl("activity.jsonl")})]
     else:
-        check_anomalies(out, expected_anomalies(read_csv("sensor_readings.csv")))
+        check_anomalies(out, one_activation(expected_anomalies(read_csv("sensor_readings.csv"))))
 
 
 NAMES = ["running_total", "sessionization", "event_sequencing", "active_users", "anomaly_detection"]
@@ -443,4 +478,6 @@ def test_cli_factory_call_with_arguments() -> None:
     cmd = [sys.executable, "-m", "flowspark.run", "examples/sessionization.py:get_flow(gap_minutes=10)"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
-    check_sessions([ast.literal_eval(line) for line in proc.stdout.splitlines()], read_jsonl("clicks.jsonl"), 600)
+    check_sessions(
+        [ast.literal_eval(line) for line in proc.stdout.splitlines()], read_jsonl("clicks.jsonl"), 600, from_file=True
+    )

@@ -709,12 +709,21 @@ class _Count(op.StatefulBatchLogic):
         return self.n
 
 
-def test_stateful_batch_gets_consecutive_runs_of_a_key():
+@pytest.mark.parametrize(
+    ("batch_size", "want_out", "want_batches"),
+    [
+        # One on_batch per key and source batch, keys in sorted order (as bytewax 0.21.1).
+        (1, [("a", 1), ("a", 2), ("b", 1), ("a", 3), ("a", 4)], [[1], [2], [3], [4], [5]]),
+        (2, [("a", 2), ("a", 3), ("b", 1), ("a", 4)], [[1, 2], [4], [3], [5]]),
+        (3, [("a", 2), ("b", 1), ("a", 3), ("a", 4)], [[1, 2], [3], [4], [5]]),
+    ],
+)
+def test_stateful_batch_gets_each_keys_values_of_a_source_batch(batch_size, want_out, want_batches):
     batches: list[list[int]] = []
     items = [("a", 1), ("a", 2), ("b", 3), ("a", 4), PAUSE0, ("a", 5)]
-    out = run(items, lambda s: op.stateful_batch("c", s, lambda r: _Count(r, batches)))
-    assert out == [("a", 2), ("b", 1), ("a", 3), ("a", 4)]
-    assert batches == [[1, 2], [3], [4], [5]]
+    out = run(items, lambda s: op.stateful_batch("c", s, lambda r: _Count(r, batches)), batch_size=batch_size)
+    assert out == want_out
+    assert batches == want_batches
 
 
 class _Recorder(op.StatefulLogic):
@@ -914,7 +923,8 @@ def test_stateful_map_running_total_per_key():
     items = [("a", 1), ("b", 10), ("a", 2), ("b", 20), ("a", 3)]
     out = run(items, lambda s: op.stateful_map("sum", s, _running), batch_size=3)
     assert per_key(out) == {"a": [1, 3, 6], "b": [10, 30]}
-    assert out == [("a", 1), ("b", 10), ("a", 3), ("b", 30), ("a", 6)]
+    # Source batches of 3: each batch's items grouped by key, keys sorted (as bytewax 0.21.1).
+    assert out == [("a", 1), ("a", 3), ("b", 10), ("a", 6), ("b", 30)]
 
 
 def test_stateful_map_none_state_discards():

@@ -117,8 +117,16 @@ def test_abort_returns_normally_and_resumes_from_last_snapshot(db):
     assert run() == [("a", 2), ("b", 2)]  # state from the last epoch; the ABORT fires once
 
 
-@pytest.mark.parametrize("batch_size", [1, 3, 7])
-def test_items_read_before_abort_are_processed(db, batch_size):
+@pytest.mark.parametrize(
+    ("batch_size", "first_run"),
+    [
+        (1, [("a", 1), ("b", 1), ("a", 2)]),
+        # One source batch holds the three items: grouped by key, keys sorted (as bytewax 0.21.1).
+        (3, [("a", 1), ("a", 2), ("b", 1)]),
+        (7, [("a", 1), ("a", 2), ("b", 1)]),
+    ],
+)
+def test_items_read_before_abort_are_processed(db, batch_size, first_run):
     # Items in the same source batch as (before) the ABORT still flow through the dataflow.
     items = [("a", 0), ("b", 0), ("a", 0), ABORT(), ("a", 0)]
 
@@ -133,7 +141,7 @@ def test_items_read_before_abort_are_processed(db, batch_size):
         op.output("out", build(s), TestingSink(out))
         run_main(flow, epoch_interval=EVERY_PASS, recovery_config=RecoveryConfig(db))
         flow_out.append(out)
-    assert flow_out == [[("a", 1), ("b", 1), ("a", 2)], [("a", 3)]]
+    assert flow_out == [first_run, [("a", 3)]]
 
 
 def test_abort_replays_input_since_last_snapshot(db):
