@@ -58,22 +58,32 @@ def _key_runs(batches: Iterator[Any], value_only: bool) -> Iterator[tuple[str, l
 
     A key's rows may span batches; each key is yielded once, with all its rows.
     """
+
+    def columns() -> Iterator[tuple[Any, list[bytes], list[Any]]]:
+        for b in batches:
+            if not b.num_rows:
+                continue
+            vs = loads_all(b.column(2).to_pylist())
+            yield b.column(0), b.column(1).to_pylist(), vs if value_only else list(map(_second, vs))
+
+    return _runs(columns())
+
+
+def _runs(columns: Iterator[tuple[Any, list[bytes], list[Any]]]) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:
+    """Cut `(keys as an Arrow array, seqs, values)` columns, sorted by key throughout, into per-key runs."""
     import pyarrow.compute as pc
 
     cur_key: Optional[str] = None
     buf: list[tuple[bytes, Any]] = []
-    for b in batches:
-        if not b.num_rows:
-            continue
-        ss = b.column(1).to_pylist()
-        vs = loads_all(b.column(2).to_pylist())
-        if not value_only:
-            vs = list(map(_second, vs))
-        runs = pc.run_end_encode(b.column(0))
+    for keys, ss, vs in columns:
+        runs = pc.run_end_encode(keys)
         start = 0
         for key, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist(), strict=True):
             if key != cur_key:
                 if cur_key is not None:
+                    if key < cur_key:  # Spark sorted the rows by key
+                        msg = f"keys arrived out of order ({cur_key!r} then {key!r})"
+                        raise AssertionError(msg)
                     yield cur_key, buf
                 cur_key = key
                 buf = list(zip(ss[start:end], vs[start:end], strict=True))
@@ -185,45 +195,28 @@ def _column_key_runs(spec: StageSpec, batches: Iterator[Any]) -> Iterator[tuple[
     batches.
     """
     import pyarrow as pa
-    import pyarrow.compute as pc
 
     ck = spec.column_key
     assert ck is not None
     key_for = spec.chain[0].step_id
-    cur_key: Optional[str] = None
-    buf: list[tuple[bytes, Any]] = []
-    for b in batches:
-        if not b.num_rows:
-            continue
-        try:
-            rows = pa.RecordBatch.from_arrays(b.columns[1:], names=b.schema.names[1:]).to_pylist()
-        except Exception as e:
-            raise _fail(ck.source_step, e) from e
-        streams = {ck.entry: list(zip(position_seqs(ck.source_index, b.column(0)), rows, strict=True))}
-        _apply_ops(ck.ops, streams)
-        items = streams.get(ck.port)
-        if not items:
-            continue
-        xs = list(map(_second, items))
-        ks = _checked_keys(key_for, xs)
-        ss = list(map(_first, items))
-        vs = list(map(_second, xs))
-        runs = pc.run_end_encode(pa.array(ks, pa.string()))
-        start = 0
-        for key, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist(), strict=True):
-            if key != cur_key:
-                if cur_key is not None:
-                    if key < cur_key:  # the IR proved keys are the column's: Spark sorted them
-                        msg = f"step {key_for!r}: keys arrived out of order ({cur_key!r} then {key!r})"
-                        raise AssertionError(msg)
-                    yield cur_key, buf
-                cur_key = key
-                buf = list(zip(ss[start:end], vs[start:end], strict=True))
-            else:
-                buf.extend(zip(ss[start:end], vs[start:end], strict=True))
-            start = end
-    if cur_key is not None:
-        yield cur_key, buf
+
+    def columns() -> Iterator[tuple[Any, list[bytes], list[Any]]]:
+        for b in batches:
+            if not b.num_rows:
+                continue
+            try:
+                rows = pa.RecordBatch.from_arrays(b.columns[1:], names=b.schema.names[1:]).to_pylist()
+            except Exception as e:
+                raise _fail(ck.source_step, e) from e
+            streams = {ck.entry: list(zip(position_seqs(ck.source_index, b.column(0)), rows, strict=True))}
+            _apply_ops(ck.ops, streams)
+            items = streams.get(ck.port)
+            if items:
+                xs = list(map(_second, items))
+                ks = _checked_keys(key_for, xs)
+                yield pa.array(ks, pa.string()), list(map(_first, items)), list(map(_second, xs))
+
+    return _runs(columns())
 
 
 def _port_rows(
