@@ -24,16 +24,7 @@ from flowspark.errors import (
     step_error,
 )
 from flowspark.outputs import part_of
-from flowspark.spark.codec import (
-    HEAD_LEN,
-    decode_task_error,
-    dumps,
-    encode_task_error,
-    loads,
-    loads_all,
-    rows_table,
-    source_seq,
-)
+from flowspark.spark.codec import HEAD_LEN, decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
 from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
 from flowspark.spark.worker import dict_rows, no_gc, stage_function
@@ -47,7 +38,7 @@ _IN_SCHEMA = "k string, seq binary, v binary"
 _ID = "__flowspark_id"
 
 
-def column_key_refusal(df: Any, column: str, with_position: bool = False) -> Optional[str]:
+def column_key_refusal(df: Any, column: str) -> Optional[str]:
     """Why Spark cannot key `df`'s rows on `column` as `row[column]` would, or `None` when it can.
 
     Only a plain string column qualifies (what `key_on` accepts in Python, compared
@@ -57,7 +48,6 @@ def column_key_refusal(df: Any, column: str, with_position: bool = False) -> Opt
     Args:
         df: The source DataFrame.
         column: The key column.
-        with_position: `df` already holds the position column (driver items, `rows_table`).
 
     Returns:
         The reason, or `None`.
@@ -67,7 +57,7 @@ def column_key_refusal(df: Any, column: str, with_position: bool = False) -> Opt
     names = df.columns
     if names.count(column) != 1:
         return f"the DataFrame has {names.count(column)} columns named {column!r}"
-    if _ID in names and not with_position:
+    if _ID in names:
         return f"the DataFrame has a column named {_ID!r}"
     dtype = df.schema[column].dataType
     if type(dtype) is not StringType or dtype != StringType():
@@ -101,11 +91,9 @@ def describe_stage(st: StagePlan) -> str:
         if ck is None:
             return python_key
         return (
-            f"Spark keys the rows: the source's rows (the SparkSource DataFrame, or driver items sent as Arrow "
-            f"columns when they are rows of atomic columns) with k = column {ck.column!r} and each row's position "
+            f"Spark keys the rows: the SparkSource DataFrame with k = column {ck.column!r} and each row's position "
             f"-> repartition(k) -> sortWithinPartitions(k, position) -> mapInArrow (runs stage {ck.source_stage}'s "
-            f"steps, which then need no pass of their own); when {ck.column!r} is not a string column "
-            "(or the items are not such rows): "
+            f"steps, which then need no pass of their own); when {ck.column!r} is not a string column: "
             f"{python_key}"
         )
     return f"({st.union()}) -> mapInArrow"
@@ -187,7 +175,7 @@ class _Job:
             n[s] = n.get(s, 0) + 1
         for sk in self.plan.sinks:
             if sk.where != "driver":
-                two = sk.where == "native" and sk.sink.schema is None and not sk.only_reader
+                two = sk.where == "native" and sk.sink.schema is None
                 n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if two else 1)
         return n
 
@@ -198,10 +186,8 @@ class _Job:
             ck = st.spec.column_key
             if ck is None:
                 continue
-            df, why = self.columns_df(self.plan.stages[ck.source_stage])
-            if df is not None:
-                native = self.plan.stages[ck.source_stage].spec.source == "native"
-                why = column_key_refusal(df, ck.column, with_position=not native)
+            df = self.source_df(self.plan.stages[ck.source_stage])
+            why = column_key_refusal(df, ck.column)
             self.lowered[st.spec.stage_id] = (
                 f"Spark keys on column {ck.column!r}"
                 if why is None
@@ -211,26 +197,13 @@ class _Job:
                 keyed[st.spec.stage_id] = df
         return keyed
 
-    def columns_df(self, st: StagePlan) -> tuple[Any, Optional[str]]:
-        """A source stage's items as a DataFrame of their columns, or `(None, why not)`."""
-        if st.spec.source == "native":
-            return self.source_df(st), None
-        table = rows_table(st.source.driver_items(st.spec.source_step), _ID)
-        if table is None:
-            return None, "the items are not dicts of the same atomic columns (str, int, float, bool, bytes)"
-        df = self.spark.createDataFrame(table)
-        return df.coalesce(min(self.parallelism, df.rdd.getNumPartitions())), None
-
     def column_key_input(self, st: StagePlan, df: Any) -> Any:
         from pyspark.sql import functions as F  # noqa: N812
 
         ck = st.spec.column_key
         assert ck is not None
         key = F.col("`" + ck.column.replace("`", "``") + "`")
-        if _ID in df.columns:  # driver items: their index is the position
-            keyed = df.select(_ID, *[F.col("`" + c.replace("`", "``") + "`") for c in df.columns if c != _ID])
-        else:
-            keyed = df.select(F.monotonically_increasing_id().alias(_ID), "*")
+        keyed = df.select(F.monotonically_increasing_id().alias(_ID), "*")
         return keyed.repartition(self.partitions, key).sortWithinPartitions(key, _ID)
 
     def build(self) -> None:
@@ -369,15 +342,11 @@ class _Job:
 
         df = self.port_df(*sk.port)
         schema = sk.sink.schema
+        fused = sk.only_reader and schema is not None
         if schema is None:
-            if sk.only_reader:
-                # The stage runs twice (its first 100 items, then everything as typed
-                # rows): keep its input, so its source is read and shuffled only once.
-                from pyspark import StorageLevel
-
-                inp = self.inputs[sk.port[0]][0].persist(StorageLevel.MEMORY_AND_DISK)
-                self.persisted.append(inp)
-            # Inferred from the stage's first 100 items.
+            # Inferred from the first 100 items of the stage's output, which is persisted
+            # and materialized first (`uses`): stopping a Python stage after 100 items
+            # would leave a broken-pipe trace from its worker on the console.
             sample = [loads(r.v) for r in _action(lambda: df.select("v").limit(100).collect())]
             if not sample:
                 return
@@ -385,7 +354,7 @@ class _Job:
         elif isinstance(schema, str):
             schema = StructType.fromDDL(schema)
         arrow_schema = to_arrow_schema(schema)
-        if sk.only_reader:
+        if fused:
             # One pass: the stage itself emits the sink's rows as typed columns.
             stage = sk.port[0]
             inp, column_key = self.inputs[stage]

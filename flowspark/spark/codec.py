@@ -51,7 +51,6 @@ __all__ = [
     "loads",
     "loads_all",
     "position_seqs",
-    "rows_table",
     "source_items",
     "source_seq",
 ]
@@ -219,59 +218,6 @@ def apply_pad(seq: bytes, pad: bytes) -> bytes:
     if not pad:
         return seq
     return seq[:HEAD_LEN] + pad[:4] + seq[HEAD_LEN:] + pad[4:]
-
-
-# --------------------------------------------------------------------------- rows as Arrow columns
-#: Exact Python types of a column that round-trip through Arrow and Spark unchanged, and
-#: their Arrow type (`None` may be mixed in: a null).
-_ATOMIC = {str: "string", int: "int64", float: "float64", bool: "bool_", bytes: "binary"}
-
-
-def rows_table(items: list[Any], position: str) -> Any:
-    """Items as an Arrow table of their columns, when that is exact; else `None`.
-
-    Exact means each item, rebuilt from the table (`to_pylist`), equals it with the
-    same key order and value types: every item is a `dict` with the same `str` keys in
-    the same order, each column holds one exact type of `str`, `int` (64-bit), `float`,
-    `bool` or `bytes`, possibly with `None`.
-
-    Args:
-        items: The items (e.g. what a `TestingSource` holds).
-        position: Name of an added int64 column holding each item's index.
-
-    Returns:
-        A `pyarrow.Table` (the columns, then `position`), or `None`.
-
-    Example:
-        >>> rows_table([{"a": "x", "n": 1}, {"a": None, "n": 2}], "i").to_pylist()
-        [{'a': 'x', 'n': 1, 'i': 0}, {'a': None, 'n': 2, 'i': 1}]
-        >>> rows_table([{"a": 1}, {"a": 1.5}], "i") is None
-        True
-    """
-    import numpy as np
-    import pyarrow as pa
-
-    if not items or set(map(type, items)) != {dict}:
-        return None
-    names = tuple(items[0])
-    if position in names or not all(type(n) is str for n in names) or set(map(tuple, items)) != {names}:
-        return None
-    arrays = []
-    for name in names:
-        col = [d[name] for d in items]
-        kinds = set(map(type, col))
-        kinds.discard(type(None))
-        if len(kinds) != 1:
-            return None
-        arrow_type = _ATOMIC.get(kinds.pop())
-        if arrow_type is None:
-            return None
-        try:
-            arrays.append(pa.array(col, getattr(pa, arrow_type)()))
-        except (OverflowError, ValueError, TypeError, UnicodeError, pa.ArrowException):
-            return None
-    arrays.append(pa.array(np.arange(len(items), dtype=np.int64)))
-    return pa.Table.from_arrays(arrays, names=[*names, position])
 
 
 # --------------------------------------------------------------------------- errors

@@ -323,7 +323,7 @@ def compile_flow(graph: Any) -> Plan:
 
 def _column_key(src: _Builder, port: str, only_reader: bool) -> Optional[ColumnKey]:
     """Whether Spark can key the rows of stage `src` for the keyed stage reading `port` (see `ColumnKey`)."""
-    if not only_reader or src.kind != "source" or src.source not in ("native", "chunks") or src.ports != [port]:
+    if not only_reader or src.kind != "source" or src.source != "native" or src.ports != [port]:
         return None
     stream = src.entry
     column = None

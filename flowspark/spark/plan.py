@@ -75,18 +75,16 @@ class KeyedStep:
 
 @dataclass(frozen=True)
 class ColumnKey:
-    """A keyed stage whose input Spark can key by itself: rows keyed on a column.
+    """A keyed stage whose input Spark can key by itself: rows of a `SparkSource` keyed on a column.
 
-    The source stage `source_stage` reads a `SparkSource` (or items held by the
-    driver, which a lowering may send as Arrow columns when they are rows of atomic
-    columns: `flowspark.spark.codec.rows_table`) and its only port,
+    The source stage `source_stage` reads a `SparkSource` and its only port,
     `port`, is this keyed stage's input; its `ops` are item-keeping steps
     (`filter`), one `key_on` whose key function is proven to be `row[column]`, then
     key-keeping steps (`map_value`, `filter_value`, `flat_map_value`, `filter`). A
     lowering may then compute the key column and each row's position in Spark,
     shuffle and sort the rows natively, and run `ops` inside the keyed stage
     (one Python pass instead of two); when the column is not a string column it
-    keeps the source stage's Python pass (so do driver items that are not such rows).
+    keeps the source stage's Python pass.
     """
 
     column: str
@@ -181,7 +179,7 @@ class SinkPlan:
     `native` (dict items become rows of a Spark DataFrame handed to a Spark writer or
     to the user's function: `flowspark.spark.outputs`). `only_reader`: the sink's
     port is the only port of its stage and nothing else reads it (a lowering may
-    then have the stage emit the sink's rows itself).
+    then have the stage emit the sink's rows itself when the sink's schema is known).
     """
 
     step_id: str

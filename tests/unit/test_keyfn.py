@@ -152,11 +152,8 @@ def test_a_source_read_twice_is_not_keyed_by_spark():
     assert compile_flow(flow).stages[1].spec.column_key is None
 
 
-def test_driver_items_may_be_keyed_by_spark_and_source_partitions_not():
-    from flowspark.inputs import FileSource
-
-    for source, keyed in ((TestingSource([{"user": "a"}]), True), (FileSource(__file__), False)):
-        flow = Dataflow("f")
-        k = op.key_on("k", op.input("inp", flow, source), lambda r: r["user"])
-        op.output("o", op.stateful_map("count", k, lambda s, v: (s, v)), TestingSink([]))
-        assert (compile_flow(flow).stages[1].spec.column_key is not None) is keyed
+def test_a_testing_source_is_not_keyed_by_spark():
+    flow = Dataflow("f")
+    k = op.key_on("k", op.input("inp", flow, TestingSource([{"user": "a"}])), lambda r: r["user"])
+    op.output("o", op.stateful_map("count", k, lambda s, v: (s, v)), TestingSink([]))
+    assert compile_flow(flow).stages[1].spec.column_key is None
