@@ -175,8 +175,7 @@ class _Job:
             n[s] = n.get(s, 0) + 1
         for sk in self.plan.sinks:
             if sk.where != "driver":
-                two = sk.where == "native" and sk.sink.schema is None
-                n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if two else 1)
+                n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if sk.where == "native" and sk.sink.schema is None else 1)
         return n
 
     def column_keys(self) -> dict[int, Any]:

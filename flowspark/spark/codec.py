@@ -75,16 +75,25 @@ def source_items(source_index: int, partition: int, start: int, xs: list[Any]) -
         return [(_PACK_SRC(source_index, partition, start + i), x) for i, x in enumerate(xs)]
     import numpy as np
 
-    arr = np.empty(n, dtype=_SEQ_DTYPE)
-    arr["s"] = source_index
-    arr["p"] = partition
-    arr["q"] = np.arange(start, start + n, dtype=np.uint64)
-    buf = arr.tobytes()
-    return list(zip([buf[i : i + HEAD_LEN] for i in range(0, n * HEAD_LEN, HEAD_LEN)], xs, strict=True))
+    seqs = _packed(source_index, partition, np.arange(start, start + n, dtype=np.uint64))
+    return list(zip(seqs, xs, strict=True))
 
 
 _SEQ_DTYPE = [("s", ">u4"), ("p", ">u4"), ("q", ">u8")]
 _POSITION_BITS = 33
+
+
+def _packed(source_index: int, partitions: Any, positions: Any) -> list[bytes]:
+    """`source_seq` for many items at once (numpy): partitions and positions are scalars or arrays."""
+    import numpy as np
+
+    n = len(positions)
+    arr = np.empty(n, dtype=_SEQ_DTYPE)
+    arr["s"] = source_index
+    arr["p"] = partitions
+    arr["q"] = positions
+    buf = arr.tobytes()
+    return [buf[i : i + HEAD_LEN] for i in range(0, n * HEAD_LEN, HEAD_LEN)]
 
 
 def position_seqs(source_index: int, ids: Any) -> list[bytes]:
@@ -107,13 +116,7 @@ def position_seqs(source_index: int, ids: Any) -> list[bytes]:
     import numpy as np
 
     ids = np.asarray(ids, dtype=np.int64)
-    n = len(ids)
-    arr = np.empty(n, dtype=_SEQ_DTYPE)
-    arr["s"] = source_index
-    arr["p"] = ids >> _POSITION_BITS
-    arr["q"] = ids & ((1 << _POSITION_BITS) - 1)
-    buf = arr.tobytes()
-    return [buf[i : i + HEAD_LEN] for i in range(0, n * HEAD_LEN, HEAD_LEN)]
+    return _packed(source_index, ids >> _POSITION_BITS, ids & ((1 << _POSITION_BITS) - 1))
 
 
 def source_seq(source_index: int, partition: int, position: int) -> bytes:
