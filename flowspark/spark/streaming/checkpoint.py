@@ -1,21 +1,23 @@
 """The checkpoint's own metadata: what a streaming checkpoint belongs to and how it was lowered.
 
 `<checkpoint>/flowspark.json` records the flow id, the stateful step ids, the
-bucket count, whether the query runs with timers, and the schemas inferred for
-sinks given none (`pin_schema`: a restart writes rows of the same schema). A restart with another flow,
-another bucket count, or a flow needing timers on a timer-less checkpoint is
-refused with `RecoveryError` (keys would land in other buckets, or Spark would
-reject the changed query).
+bucket count, whether the query runs with timers, the state layout (`check_layout`),
+and the schemas inferred for sinks given none (`pin_schema`: a restart writes rows
+of the same schema). A restart with another flow, another bucket count, another
+state layout, or a flow needing timers on a timer-less checkpoint is refused
+with `RecoveryError` (keys would land in other buckets, or Spark would reject
+the changed query).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from typing import Optional
 
 from flowspark.errors import RecoveryError
 
-__all__ = ["META_FILE", "check_meta", "pin_schema", "pinned_schemas"]
+__all__ = ["META_FILE", "check_layout", "check_meta", "pin_schema", "pinned_schemas"]
 
 #: File in the checkpoint directory recording what the checkpoint belongs to.
 META_FILE = "flowspark.json"
@@ -59,6 +61,42 @@ def check_meta(checkpoint: str, flow_id: str, buckets: int, steps: list[str], ti
     os.makedirs(checkpoint, exist_ok=True)
     _write(path, meta)
     return timers
+
+
+def check_layout(checkpoint: str, layout: Optional[str], layouts: tuple[str, ...]) -> str:
+    """Record the state layout of a new checkpoint, or check it against the recorded one.
+
+    Args:
+        checkpoint: The checkpoint directory (`check_meta` ran).
+        layout: The layout asked for, or `None`: the recorded one (a new checkpoint gets
+            `layouts[0]`).
+        layouts: The known layouts, the default first.
+
+    Returns:
+        The layout the query runs with.
+
+    Raises:
+        RecoveryError: The checkpoint was written with another layout than the one asked for.
+    """
+    path = os.path.join(checkpoint, META_FILE)
+    with open(path) as f:
+        meta = json.load(f)
+    recorded = meta.get("state_layout")
+    if recorded is None and os.path.exists(os.path.join(checkpoint, "query")):
+        recorded = layouts[0]  # a query ran before layouts were recorded: it used the bucket layout
+    if recorded is None or not os.path.exists(os.path.join(checkpoint, "query")):
+        chosen = layout or layouts[0]
+        meta["state_layout"] = chosen
+        _write(path, meta)
+        return chosen
+    if layout is not None and layout != recorded:
+        msg = (
+            f"checkpoint {checkpoint!r} keeps its state in the {recorded!r} layout; received "
+            f"state_layout={layout!r}. The layout is fixed for a checkpoint's lifetime: pass "
+            f"state_layout={recorded!r} (or leave it out), or start a new checkpoint directory"
+        )
+        raise RecoveryError(msg)
+    return str(recorded)
 
 
 def pinned_schemas(checkpoint: str) -> dict[str, str]:

@@ -34,7 +34,7 @@ from flowspark.spark.compiler import as_graph, compile_flow
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink, infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan, StageSpec
-from flowspark.spark.streaming.checkpoint import check_meta, pin_schema, pinned_schemas
+from flowspark.spark.streaming.checkpoint import check_layout, check_meta, pin_schema, pinned_schemas
 from flowspark.spark.streaming.routing import (
     ROUTE,
     TICK_ROUTE,
@@ -43,7 +43,7 @@ from flowspark.spark.streaming.routing import (
     routed_stage_function,
     routes,
 )
-from flowspark.spark.streaming.state import STATE_SCHEMA, BucketDriver
+from flowspark.spark.streaming.state import LAYOUTS, STATE_SCHEMA, BucketDriver
 from flowspark.spark.worker import dict_rows, run_stage_rows, stage_function
 
 __all__ = ["Lowering", "StreamingRun", "compile_streaming", "needs_timers", "run_streaming"]
@@ -98,11 +98,13 @@ class Lowering:
         plan: The plan.
         buckets: State buckets of every keyed stage.
         timers: Whether the query runs with timers (processing-time timeouts).
+        layout: The state layout (`flowspark.spark.streaming.state.LAYOUTS`).
     """
 
     plan: Plan
     buckets: int
     timers: bool
+    layout: str = "bucket"
 
     @property
     def chained(self) -> bool:
@@ -122,13 +124,18 @@ class Lowering:
         """
         return needs_routing(self.plan)
 
+    @property
+    def tws(self) -> bool:
+        """Whether keyed stages use transformWithStateInPandas (chains, or the key layout)."""
+        return self.chained or self.layout == "key"
+
     def keyed_op(self) -> str:
         """The Spark operator every keyed stage lowers to, with its timeout mode.
 
         Returns:
             The text.
         """
-        if self.chained:
+        if self.tws:
             return f"transformWithStateInPandas(timeMode={'ProcessingTime' if self.timers else 'None'})"
         return f"applyInPandasWithState({'ProcessingTimeTimeout' if self.timers else 'NoTimeout'})"
 
@@ -173,8 +180,15 @@ class Lowering:
         steps = [ks.step_id for ks in st.spec.chain]
         which = steps[0] if len(steps) == 1 else "step i of " + ", ".join(steps)
         timeout = "; the bucket's timeout is its earliest notify_at" if self.timers else "; no timers"
+        if self.layout == "key":
+            return (
+                f"layout 'key': one MapState row per key: pickle of (snapshots, notify_at), snapshots[i] = None "
+                f"or (snapshot of {which},), read and written only when the key is touched; one bookkeeping "
+                f"row per bucket (keys waiting for a notification){timeout}; the bucket count is fixed for "
+                "a checkpoint"
+            )
         return (
-            f"one row per bucket: pickle of {{key: (snapshots, notify_at)}}, snapshots[i] = None or "
+            f"layout 'bucket': one row per bucket: pickle of {{key: (snapshots, notify_at)}}, snapshots[i] = None or "
             f"(snapshot of {which},){timeout}; the bucket count is fixed for a checkpoint"
         )
 
@@ -216,13 +230,15 @@ class StreamingRun:
         self.clock: Optional[Callable[[], datetime]] = options.get("clock")
         self.max_items: int = options["max_items"]
         self.timers: bool = options.get("timers", True)
+        self.layout: str = options.get("layout", "bucket")
+        self.state_ttl_ms: Optional[int] = options.get("state_ttl_ms")
         self.progress: Optional[Callable[[str], None]] = options.get("progress")
         self.dfs: dict[int, Any] = {}
         self.query: Any = None
         self.batches = 0
         self._sink_parts: dict[str, Any] = {}
         self._error: Optional[BaseException] = None
-        self.lowering = Lowering(plan, self.buckets, self.timers)
+        self.lowering = Lowering(plan, self.buckets, self.timers, self.layout)
         self.routes = routes(plan) if self.lowering.routed else None
         self._sink_struct: Any = None
         self._sink_fused_stage: Optional[int] = None
@@ -266,6 +282,13 @@ class StreamingRun:
         sink_rows = self._fused_sink(spec) if route is None else None
         out_schema = _ROW_SCHEMA if sink_rows is None else self._sink_struct
         driver = BucketDriver(spec, self.clock, sink_rows, self.timers, route, self.buckets)
+        if self.layout == "key":
+            return df.groupBy("bucket").transformWithStateInPandas(
+                driver.key_processor(self.state_ttl_ms),
+                out_schema,
+                "Append",
+                "ProcessingTime" if self.timers else "None",
+            )
         if not self.lowering.chained:
             return df.groupBy("bucket").applyInPandasWithState(
                 driver.pandas_function(),
@@ -298,9 +321,9 @@ class StreamingRun:
         return df
 
     def _use_rocksdb(self) -> None:
-        if self.lowering.chained:
-            # Spark rejects a second applyInPandasWithState in one query: every keyed stage then
-            # uses transformWithStateInPandas, which needs the RocksDB state store.
+        if self.lowering.tws:
+            # Spark rejects a second applyInPandasWithState in one query, so chains use
+            # transformWithStateInPandas, as does the key layout (MapState): it needs RocksDB.
             self.spark.conf.set(
                 "spark.sql.streaming.stateStore.providerClass",
                 "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
@@ -725,6 +748,7 @@ def run_streaming(
     checkpoint: Optional[str] = None,
     trigger: Optional[str] = None,
     buckets: int = DEFAULT_BUCKETS,
+    state_layout: Optional[str] = None,
     max_items: int = 100_000,
     clock: Optional[Callable[[], datetime]] = None,
     progress: Any = True,
@@ -743,6 +767,11 @@ def run_streaming(
             micro-batch every 500 ms at most; `"available_now"`: process what is
             there, fire due notifications, return; or an interval like `"5 seconds"`.
         buckets: Number of state buckets `B` (fixed for a checkpoint's lifetime).
+        state_layout: `"bucket"` (applyInPandasWithState, one state row per bucket: the
+            fastest while the state is small) or `"key"` (transformWithStateInPandas with
+            one state row per key: a micro-batch's cost follows the keys it touches, for
+            large state). Fixed for a checkpoint's lifetime; default the checkpoint's
+            layout, `"bucket"` for a new one. See docs/streaming.md "State layouts".
         max_items: Most items read from one flowspark source partition per micro-batch.
         clock: Function returning "now" (aware UTC) in the workers (must be picklable);
             default Spark's processing time of each micro-batch.
@@ -774,14 +803,19 @@ def run_streaming(
     if not isinstance(buckets, int) or buckets < 1:
         msg = f"flowspark.spark.run: buckets must be a positive int; received {buckets!r}"
         raise FlowsparkTypeError(msg)
+    if state_layout is not None and state_layout not in LAYOUTS:
+        allowed = " or ".join(map(repr, LAYOUTS))
+        msg = f"flowspark.spark.run: state_layout must be {allowed}; received {state_layout!r}"
+        raise FlowsparkTypeError(msg)
     from flowspark.spark.session import ensure_workers, ship_user_modules
 
     ship_user_modules()
     plan = compile_streaming(flow)
     steps = [ks.step_id for ks in plan.keyed_steps()]
     timers = check_meta(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan))
+    layout = check_layout(checkpoint, state_layout, LAYOUTS)
     if explain:
-        print(plan.render(Lowering(plan, buckets, timers).stage))
+        print(plan.render(Lowering(plan, buckets, timers, layout).stage))
     if spark is None:
         from flowspark.spark.session import get_session
 
@@ -797,7 +831,14 @@ def run_streaming(
     sr = StreamingRun(
         plan,
         spark,
-        {"checkpoint": checkpoint, "buckets": buckets, "clock": clock, "max_items": max_items, "timers": timers},
+        {
+            "checkpoint": checkpoint,
+            "buckets": buckets,
+            "clock": clock,
+            "max_items": max_items,
+            "timers": timers,
+            "layout": layout,
+        },
     )
     lst = _Listener(sr, show)
     spark_listener = _make_listener(spark, lst.progress, f"flowspark_{plan.flow_id}")

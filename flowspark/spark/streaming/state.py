@@ -1,12 +1,24 @@
 """Keyed state of a streaming query: one Python call per bucket of keys and micro-batch.
 
-`applyInPandasWithState` (or `transformWithStateInPandas` for chains) groups a
-keyed stage's rows by `bucket = pmod(hash(k), B)`. The bucket's state is the
-pickled `{key: (snapshots of the chain's logics, notify_at)}`. `BucketDriver`
-rebuilds each touched key's logics from their snapshots, hands its values (in
-sequence order) to the per-key driver (`flowspark.runtime.driver.drive_chain`),
-fires the notifications due at the micro-batch's time, snapshots the logics
-back, and returns the bucket's timeout: its earliest `notify_at`.
+The stateful operator groups a keyed stage's rows by `bucket = pmod(hash(k), B)`.
+A key's state is its *entry* `(snapshots of the chain's logics, notify_at)`.
+`BucketDriver` rebuilds each touched key's logics from its entry, hands its values
+(in sequence order) to the per-key driver (`flowspark.runtime.driver.drive_chain`),
+fires the notifications due at the micro-batch's time, snapshots the logics back,
+and sets the bucket's timer to its earliest `notify_at`.
+
+Two state layouts (`LAYOUTS`, chosen per checkpoint):
+
+- `"bucket"`: `applyInPandasWithState` (`transformWithStateInPandas` with one
+  `ValueState` for chains); the bucket's state is one row, the pickled
+  `{key: entry}`: read and rewritten whole by every micro-batch touching the bucket.
+  Cheapest while the state is small; its cost grows with every key in the touched
+  buckets.
+- `"key"`: `transformWithStateInPandas`; one `MapState` row per key (`KeyTable`),
+  read and written only when the key gets values or a notification, plus one
+  bookkeeping row per bucket (the keys waiting for a notification, the registered
+  timer, the key count). A micro-batch's cost follows the keys it touches; each
+  touched key costs two state-store round trips.
 """
 
 from __future__ import annotations
@@ -26,22 +38,27 @@ from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.routing import Route, forward_frame
 from flowspark.spark.worker import dict_rows, no_gc, run_stage_rows, stage_streams
 
-__all__ = ["STATE_SCHEMA", "BucketDriver", "dump_state"]
+__all__ = ["LAYOUTS", "STATE_SCHEMA", "BucketDriver", "KeyTable", "dump_state"]
 
-#: Schema of a bucket's state row.
+#: Schema of a bucket's state row (layout "bucket").
 STATE_SCHEMA = "blob binary"
+#: State layouts: see the module docstring.
+LAYOUTS = ("bucket", "key")
+#: Key layout: name and schemas of the per-key MapState and of the bucket's bookkeeping ValueState.
+ENTRIES = ("entries", "k string", "entry binary")
+META = ("meta", "meta binary")
 _key_seq = operator.itemgetter(0, 1)
 
 
-def dump_state(table: dict[str, Any]) -> bytes:
-    """Encode a bucket's state: pickle, or cloudpickle for what plain pickle refuses.
+def dump_state(table: Any) -> bytes:
+    """Encode a bucket's state or a key's entry: pickle, or cloudpickle for what plain pickle refuses.
 
     Snapshots may hold instances of classes from the user's own modules, which flowspark
     ships to the workers by value (`flowspark.spark.session.ship_user_modules`): the workers
     cannot import them by name, cloudpickle carries them. Both decode with `pickle.loads`.
 
     Args:
-        table: `{key: (snapshots, notify_at)}`.
+        table: `{key: (snapshots, notify_at)}`, or one `(snapshots, notify_at)`.
 
     Returns:
         The bytes.
@@ -55,6 +72,95 @@ def dump_state(table: dict[str, Any]) -> bytes:
 
 
 _second = operator.itemgetter(1)
+
+
+def _pending(table: Any) -> Iterator[tuple[str, datetime]]:
+    """`(key, notify_at)` of the keys of a bucket waiting for a notification."""
+    if isinstance(table, KeyTable):
+        return iter(list(table.pending.items()))
+    return ((k, e[1]) for k, e in table.items() if e[1] is not None)
+
+
+class KeyTable:
+    """A bucket's state in the key layout: entries read and written key by key.
+
+    Behaves like the bucket layout's `{key: entry}` dict for what `BucketDriver.process`
+    does with it (`get`, item assignment, `pop`); reads go to the `MapState` once per
+    key and call, writes are buffered until `flush`.
+
+    Args:
+        entries: The stage's `MapState` (`key -> pickled entry`).
+        meta: The bucket's bookkeeping (pickled `{"pending": {key: notify_at},
+            "timer": registered timer in ms or None, "keys": key count}`), or `None`.
+    """
+
+    def __init__(self, entries: Any, meta: Optional[bytes]) -> None:
+        """Load the bucket's bookkeeping."""
+        m = pickle.loads(meta) if meta is not None else {}  # noqa: S301 - our own state
+        self.entries = entries
+        self.pending: dict[str, datetime] = m.get("pending", {})
+        self.timer: Optional[int] = m.get("timer")
+        self.keys: int = m.get("keys", 0)
+        self.changed = meta is None  # whether the bookkeeping must be written back
+        self._seen: dict[str, Any] = {}
+        self._dirty: set[str] = set()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The key's entry, or `default` when it has none."""
+        try:
+            ent = self._seen[key]
+        except KeyError:
+            row = self.entries.getValue((key,))
+            ent = pickle.loads(row[0]) if row is not None else None  # noqa: S301 - our own state
+            self._seen[key] = ent
+        return default if ent is None else ent
+
+    def __setitem__(self, key: str, ent: Any) -> None:
+        """Set the key's entry (written at `flush`)."""
+        if self.get(key) is None:
+            self.keys += 1
+            self.changed = True
+        self._seen[key] = ent
+        self._dirty.add(key)
+        self._track(key, ent[1])
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        """Drop the key's entry (removed at `flush`); return it or `default`."""
+        old = self.get(key)
+        if old is not None:
+            self.keys -= 1
+            self.changed = True
+            self._seen[key] = None
+            self._dirty.add(key)
+        self._track(key, None)
+        return default if old is None else old
+
+    def __len__(self) -> int:
+        """The number of keys of the bucket."""
+        return self.keys
+
+    def _track(self, key: str, at: Optional[datetime]) -> None:
+        if self.pending.get(key) == at:
+            return
+        self.changed = True
+        if at is None:
+            del self.pending[key]
+        else:
+            self.pending[key] = at
+
+    def flush(self) -> None:
+        """Write the entries changed since the table was loaded."""
+        for key in self._dirty:
+            ent = self._seen[key]
+            if ent is None:
+                self.entries.removeKey((key,))
+            else:
+                self.entries.updateValue((key,), (dump_state(ent),))
+        self._dirty.clear()
+
+    def meta(self) -> bytes:
+        """The bucket's bookkeeping, to store."""
+        return pickle.dumps({"pending": self.pending, "timer": self.timer, "keys": self.keys}, protocol=5)
 
 
 class BucketDriver:
@@ -123,13 +229,11 @@ class BucketDriver:
         return snaps, at
 
     # -- one call -------------------------------------------------------------
-    def process(
-        self, table: dict[str, Any], rows: list[tuple[str, bytes, bytes]], now: datetime
-    ) -> list[tuple[bytes, Any]]:
+    def process(self, table: Any, rows: list[tuple[str, bytes, bytes]], now: datetime) -> list[tuple[bytes, Any]]:
         """Process one bucket's rows of a micro-batch and its due notifications.
 
         Args:
-            table: The bucket's state (`{key: (snaps, notify_at)}`), updated in place.
+            table: The bucket's state (`{key: (snaps, notify_at)}` or a `KeyTable`), updated in place.
             rows: `(key, sequence, pickled (key, value))` rows, in any order.
             now: The time of the micro-batch.
 
@@ -156,20 +260,24 @@ class BucketDriver:
             emits, logics = drive_chain(self.drivers, key, items, logics, now=now, eof=False)
             out.extend([(s, (key, w)) for s, w in emits])
             self._store(table, key, logics)
-        due = sorted((ent[1], key) for key, ent in table.items() if ent[1] is not None and ent[1] <= now)
+        due = sorted((at, key) for key, at in _pending(table) if at <= now)
         for rank, (_at, key) in enumerate(due):
             self._fire(table, key, rank, now, out)
         return out
 
-    def _store(self, table: dict[str, Any], key: str, logics: list[Any]) -> None:
+    def _store(self, table: Any, key: str, logics: list[Any]) -> None:
         frozen = self._freeze(key, logics)
         if frozen is None:
             table.pop(key, None)
         else:
             table[key] = frozen
 
-    def _fire(self, table: dict[str, Any], key: str, rank: int, now: datetime, out: list[tuple[bytes, Any]]) -> None:
-        logics = self._logics(key, table[key][0])
+    def _fire(self, table: Any, key: str, rank: int, now: datetime, out: list[tuple[bytes, Any]]) -> None:
+        ent = table.get(key)
+        if ent is None:
+            table.pop(key, None)
+            return
+        logics = self._logics(key, ent[0])
         for i, d in enumerate(self.drivers):
             logic = logics[i]
             if logic is None:
@@ -207,7 +315,7 @@ class BucketDriver:
             return datetime.now(timezone.utc)
         return datetime.fromtimestamp(ms / 1000, timezone.utc)
 
-    def timeout_ms(self, table: dict[str, Any], now: datetime) -> Optional[int]:
+    def timeout_ms(self, table: Any, now: datetime) -> Optional[int]:
         """Return the bucket's timeout duration: until its earliest notification.
 
         Args:
@@ -217,32 +325,30 @@ class BucketDriver:
         Returns:
             Milliseconds (at least 1), or `None` when no key waits for a notification.
         """
-        ats = [ent[1] for ent in table.values() if ent[1] is not None]
+        ats = [at for _key, at in _pending(table)]
         if not ats:
             return None
         if self.clock is not None:
             return 1
         return max(1, int((min(ats) - now) / timedelta(milliseconds=1)))
 
-    def call(
-        self, blob: Optional[bytes], pdfs: Iterator[Any], now: datetime, bucket: Any = None
-    ) -> tuple[Any, dict[str, Any]]:
-        """Run one bucket's micro-batch: decode state, process rows and due keys, encode output.
+    def call(self, table: Any, pdfs: Iterator[Any], now: datetime, bucket: Any = None) -> Any:
+        """Run one bucket's micro-batch: process rows and due keys, encode output.
 
         Args:
-            blob: The bucket's pickled state, or `None`.
+            table: The bucket's state: its `{key: entry}` dict (layout "bucket") or
+                its `KeyTable` (layout "key"), updated in place.
             pdfs: pandas DataFrames of `(k, seq, v)` rows (`(p, k, seq, v)` when routed).
             now: The time of the micro-batch.
             bucket: The group's bucket value.
 
         Returns:
-            `(output DataFrame or None, new state table)`.
+            The output DataFrame, or `None`.
         """
         import pandas as pd
 
         if self.route is not None and bucket == self.forward_group:
-            return forward_frame(pdfs, self.route.forward), {}
-        table: dict[str, Any] = pickle.loads(blob) if blob is not None else {}  # noqa: S301
+            return forward_frame(pdfs, self.route.forward)
         rows: list[tuple[str, bytes, bytes]] = []
         for pdf in pdfs:
             rows.extend(zip(pdf["k"].tolist(), pdf["seq"].tolist(), pdf["v"].tolist(), strict=True))
@@ -254,14 +360,14 @@ class BucketDriver:
             with use_clock(lambda: now), no_gc():
                 emits = self.process(table, rows, now)
                 if self.sink_rows is not None:
-                    return self._sink_frame(emits), table
+                    return self._sink_frame(emits)
                 cols = run_stage_rows(self.spec, emits)
         except FlowsparkRuntimeError as f:
             raise RuntimeError(encode_task_error(f)) from None
         if not cols[0]:
-            return None, table
+            return None
         ps = cols[0] if self.route is None else [self.route.offset + p for p in cols[0]]
-        return pd.DataFrame({"p": ps, "k": cols[1], "seq": cols[2], "v": cols[3]}), table
+        return pd.DataFrame({"p": ps, "k": cols[1], "seq": cols[2], "v": cols[3]})
 
     def _sink_frame(self, emits: list[tuple[bytes, Any]]) -> Any:
         """The stage's items as rows of the lone file sink's schema (see `sink_rows`)."""
@@ -280,7 +386,8 @@ class BucketDriver:
 
         def fn(bucket: Any, pdfs: Iterator[Any], state: Any) -> Iterator[Any]:
             now = driver.now(state.getCurrentProcessingTimeMs)
-            out, table = driver.call(state.get[0] if state.exists else None, pdfs, now, bucket[0])
+            table = _load(state.get[0] if state.exists else None)
+            out = driver.call(table, pdfs, now, bucket[0])
             if table:
                 state.update((dump_state(table),))
                 ms = driver.timeout_ms(table, now) if driver.timers else None
@@ -310,8 +417,8 @@ class BucketDriver:
 
             def _run(self, key: Any, pdfs: Iterator[Any], timer_values: Any) -> Iterator[Any]:
                 now = driver.now(timer_values.getCurrentProcessingTimeInMs)
-                blob = self.state.get()[0] if self.state.exists() else None
-                out, table = driver.call(blob, pdfs, now, key[0])
+                table = _load(self.state.get()[0] if self.state.exists() else None)
+                out = driver.call(table, pdfs, now, key[0])
                 if driver.timers:
                     for t in list(self.handle.listTimers()):
                         self.handle.deleteTimer(t)
@@ -335,3 +442,71 @@ class BucketDriver:
                 pass
 
         return BucketProcessor()
+
+    def key_processor(self, ttl_ms: Optional[int] = None) -> Any:
+        """Build the `StatefulProcessor` of the key layout (`transformWithStateInPandas`, see `KeyTable`).
+
+        Args:
+            ttl_ms: Spark's TTL of the per-key entries (the run's `state_ttl`), so keys that
+                get no value are removed from the state store without being read.
+
+        Returns:
+            The processor.
+        """
+        from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+
+        driver = self
+
+        class KeyProcessor(StatefulProcessor):
+            def init(self, handle: Any) -> None:
+                self.handle = handle
+                self.entries = handle.getMapState(*ENTRIES, ttlDurationMs=ttl_ms)
+                self.meta = handle.getValueState(*META)
+
+            def _run(self, key: Any, pdfs: Iterator[Any], timer_values: Any, fired: Optional[int]) -> Iterator[Any]:
+                now = driver.now(timer_values.getCurrentProcessingTimeInMs)
+                if driver.route is not None and key[0] == driver.forward_group:
+                    out = driver.call({}, pdfs, now, key[0])
+                    if out is not None:
+                        yield out
+                    return
+                table = KeyTable(self.entries, self.meta.get()[0] if self.meta.exists() else None)
+                if fired is not None and fired == table.timer:
+                    table.timer, table.changed = None, True  # Spark dropped the timer that fired
+                out = driver.call(table, pdfs, now, key[0])
+                table.flush()
+                if driver.timers:
+                    ms = driver.timeout_ms(table, now)
+                    want = None if ms is None else int(now.timestamp() * 1000) + ms
+                    if want is not None and want == fired:
+                        # Spark drops the timer that fired after this call: a new one needs another time.
+                        want += 1
+                    if want != table.timer:
+                        if table.timer is not None:
+                            self.handle.deleteTimer(table.timer)
+                        if want is not None:
+                            self.handle.registerTimer(want)
+                        table.timer, table.changed = want, True
+                if table.changed:
+                    if table.keys or table.pending or table.timer is not None:
+                        self.meta.update((table.meta(),))
+                    else:
+                        self.meta.clear()
+                if out is not None:
+                    yield out
+
+            def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:  # noqa: N802,N803
+                yield from self._run(key, rows, timerValues, None)
+
+            def handleExpiredTimer(self, key: Any, timerValues: Any, expiredTimerInfo: Any) -> Iterator[Any]:  # noqa: N802,N803
+                yield from self._run(key, iter(()), timerValues, expiredTimerInfo.getExpiryTimeInMs())
+
+            def close(self) -> None:
+                pass
+
+        return KeyProcessor()
+
+
+def _load(blob: Optional[bytes]) -> dict[str, Any]:
+    """A bucket's `{key: entry}` (layout "bucket") from its state row."""
+    return pickle.loads(blob) if blob is not None else {}  # noqa: S301 - our own state

@@ -1,0 +1,110 @@
+"""The key state layout (one MapState row per key) gives the bucket layout's results; layouts are fixed per checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+
+import pytest
+from streaming_helpers import T0, FileClock, JsonlDirSource, write_jsonl
+from test_streaming import _active_flow, _chain_flow, _count_flow
+
+from flowspark.errors import FlowsparkTypeError, RecoveryError
+from flowspark.testing import run_main
+
+pytestmark = [pytest.mark.spark]
+
+
+def test_key_layout_running_count_and_resume(spark, tmp_path):
+    from flowspark.spark import run
+
+    root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 3}"} for i in range(7)])
+    write_jsonl(f"{root}/b/0001.jsonl", [{"user": f"u{i % 2}"} for i in range(4)])
+    out: list = []
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False}
+    run(_count_flow(root, out), state_layout="key", **opts)
+    assert sorted(v for k, v in out if k == "u0") == [1, 2, 3, 4, 5]
+    assert {k: max(v for kk, v in out if kk == k) for k, _ in out} == {"u0": 5, "u1": 4, "u2": 2}
+    with open(os.path.join(chk, "flowspark.json")) as f:
+        assert json.load(f)["state_layout"] == "key"
+    # The restart takes the layout from the checkpoint: counts go on from the per-key rows.
+    write_jsonl(f"{root}/a/0002.jsonl", [{"user": "u2"}, {"user": "u9"}, {"user": "u0"}])
+    out2: list = []
+    run(_count_flow(root, out2), **opts)
+    assert sorted(out2) == [("u0", 6), ("u2", 3), ("u9", 1)]
+    # Asking for the other layout on this checkpoint is refused, naming both and the way out.
+    with pytest.raises(RecoveryError, match=r"'key' layout; received state_layout='bucket'.*new checkpoint"):
+        run(_count_flow(root, []), state_layout="bucket", **opts)
+
+
+def test_key_layout_timeouts_fire_for_idle_keys(spark, tmp_path):
+    """Notifications of the key layout: the bucket's bookkeeping row knows which keys wait, on an injected clock."""
+    from flowspark.spark import run
+
+    root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
+    clock = FileClock(str(tmp_path / "now.txt"))
+    clock.set(T0)
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": "amy"}, {"user": "bob"}, {"user": "amy"}])
+    out: list = []
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False, "clock": clock}
+    run(_active_flow(root, out), state_layout="key", **opts)
+    assert sorted(out) == [("amy", ("active", 1)), ("amy", ("active", 2)), ("bob", ("active", 1))]
+    clock.set(T0 + timedelta(minutes=10))
+    write_jsonl(f"{root}/a/0002.jsonl", [{"user": "amy"}])
+    out.clear()
+    run(_active_flow(root, out), **opts)
+    assert out == [("amy", ("active", 3))]
+    clock.set(T0 + timedelta(minutes=35))
+    out.clear()
+    run(_active_flow(root, out), **opts)
+    assert out == [("bob", ("ended", 1))]
+    clock.set(T0 + timedelta(minutes=41))
+    out.clear()
+    run(_active_flow(root, out), **opts)
+    assert out == [("amy", ("ended", 3))]
+
+
+def test_key_layout_chain_of_stateful_steps(spark, tmp_path):
+    from flowspark.spark import run
+
+    root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 4}"} for i in range(30)])
+    streamed: list = []
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False, "max_items": 12}
+    run(_chain_flow(JsonlDirSource(root, ["a"], batch=5), streamed), state_layout="key", **opts)
+    write_jsonl(f"{root}/a/0002.jsonl", [{"user": f"u{i % 3}"} for i in range(9)])
+    run(_chain_flow(JsonlDirSource(root, ["a"], batch=5), streamed), **opts)
+    local: list = []
+    run_main(_chain_flow(JsonlDirSource(root, ["a"], batch=5, bounded=True), local))
+    assert sorted(streamed) == sorted(local) == [("all", n) for n in range(1, 40)]
+
+
+def test_a_checkpoint_from_before_layouts_keeps_the_bucket_layout(tmp_path):
+    from flowspark.spark.streaming.checkpoint import check_layout, check_meta
+
+    chk = str(tmp_path / "chk")
+    check_meta(chk, "f", 64, ["f.count"])
+    meta = os.path.join(chk, "flowspark.json")
+    with open(meta) as f:
+        m = json.load(f)
+    m.pop("state_layout", None)  # what a checkpoint of the previous version holds
+    with open(meta, "w") as f:
+        json.dump(m, f)
+    os.makedirs(os.path.join(chk, "query"))  # its query ran
+    assert check_layout(chk, None, ("bucket", "key")) == "bucket"
+    with pytest.raises(RecoveryError, match="'bucket' layout"):
+        check_layout(chk, "key", ("bucket", "key"))
+    # A checkpoint whose query never started may still choose.
+    fresh = str(tmp_path / "fresh")
+    check_meta(fresh, "f", 64, ["f.count"])
+    assert check_layout(fresh, "key", ("bucket", "key")) == "key"
+    assert check_layout(fresh, "bucket", ("bucket", "key")) == "bucket"
+
+
+def test_bad_state_layout_is_refused(tmp_path):
+    from flowspark.spark import run
+
+    with pytest.raises(FlowsparkTypeError, match=r"state_layout must be 'bucket' or 'key'; received 'keys'"):
+        run(_count_flow(str(tmp_path), []), checkpoint=str(tmp_path / "c"), state_layout="keys")
