@@ -1,4 +1,4 @@
-"""The key state layout (one MapState row per key) gives the bucket layout's results; layouts are fixed per checkpoint."""
+"""The key state layout gives the bucket layout's results; the layout is fixed for a checkpoint."""
 
 from __future__ import annotations
 
@@ -16,14 +16,23 @@ from flowspark.testing import run_main
 pytestmark = [pytest.mark.spark]
 
 
-def test_key_layout_running_count_and_resume(spark, tmp_path):
+@pytest.fixture
+def tiny_hot_tier(monkeypatch):
+    """One hot key per bucket: most keys then live in MapState rows (read, evicted, removed)."""
+    monkeypatch.setattr("flowspark.spark.streaming.state.HOT_PER_BUCKET", 1)
+
+
+@pytest.mark.parametrize("hot", ["default", "tiny"])
+def test_key_layout_running_count_and_resume(spark, tmp_path, monkeypatch, hot):
     from flowspark.spark import run
 
+    if hot == "tiny":
+        monkeypatch.setattr("flowspark.spark.streaming.state.HOT_PER_BUCKET", 1)
     root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
     write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 3}"} for i in range(7)])
     write_jsonl(f"{root}/b/0001.jsonl", [{"user": f"u{i % 2}"} for i in range(4)])
     out: list = []
-    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False}
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False, "buckets": 2}
     run(_count_flow(root, out), state_layout="key", **opts)
     assert sorted(v for k, v in out if k == "u0") == [1, 2, 3, 4, 5]
     assert {k: max(v for kk, v in out if kk == k) for k, _ in out} == {"u0": 5, "u1": 4, "u2": 2}
@@ -39,7 +48,7 @@ def test_key_layout_running_count_and_resume(spark, tmp_path):
         run(_count_flow(root, []), state_layout="bucket", **opts)
 
 
-def test_key_layout_timeouts_fire_for_idle_keys(spark, tmp_path):
+def test_key_layout_timeouts_fire_for_idle_keys(spark, tmp_path, tiny_hot_tier):
     """Notifications of the key layout: the bucket's bookkeeping row knows which keys wait, on an injected clock."""
     from flowspark.spark import run
 
@@ -49,6 +58,7 @@ def test_key_layout_timeouts_fire_for_idle_keys(spark, tmp_path):
     write_jsonl(f"{root}/a/0001.jsonl", [{"user": "amy"}, {"user": "bob"}, {"user": "amy"}])
     out: list = []
     opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False, "clock": clock}
+    opts["buckets"] = 1  # amy and bob share a bucket: one of them lives in a MapState row
     run(_active_flow(root, out), state_layout="key", **opts)
     assert sorted(out) == [("amy", ("active", 1)), ("amy", ("active", 2)), ("bob", ("active", 1))]
     clock.set(T0 + timedelta(minutes=10))
@@ -66,13 +76,14 @@ def test_key_layout_timeouts_fire_for_idle_keys(spark, tmp_path):
     assert out == [("amy", ("ended", 3))]
 
 
-def test_key_layout_chain_of_stateful_steps(spark, tmp_path):
+def test_key_layout_chain_of_stateful_steps(spark, tmp_path, tiny_hot_tier):
     from flowspark.spark import run
 
     root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
     write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 4}"} for i in range(30)])
     streamed: list = []
     opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False, "max_items": 12}
+    opts["buckets"] = 2
     run(_chain_flow(JsonlDirSource(root, ["a"], batch=5), streamed), state_layout="key", **opts)
     write_jsonl(f"{root}/a/0002.jsonl", [{"user": f"u{i % 3}"} for i in range(9)])
     run(_chain_flow(JsonlDirSource(root, ["a"], batch=5), streamed), **opts)

@@ -43,7 +43,7 @@ from flowspark.spark.streaming.routing import (
     routed_stage_function,
     routes,
 )
-from flowspark.spark.streaming.state import LAYOUTS, STATE_SCHEMA, BucketDriver
+from flowspark.spark.streaming.state import HOT_PER_BUCKET, LAYOUTS, STATE_SCHEMA, BucketDriver
 from flowspark.spark.worker import dict_rows, run_stage_rows, stage_function
 
 __all__ = ["Lowering", "StreamingRun", "compile_streaming", "needs_timers", "run_streaming"]
@@ -182,10 +182,10 @@ class Lowering:
         timeout = "; the bucket's timeout is its earliest notify_at" if self.timers else "; no timers"
         if self.layout == "key":
             return (
-                f"layout 'key': one MapState row per key: pickle of (snapshots, notify_at), snapshots[i] = None "
-                f"or (snapshot of {which},), read and written only when the key is touched; one bookkeeping "
-                f"row per bucket (keys waiting for a notification){timeout}; the bucket count is fixed for "
-                "a checkpoint"
+                f"layout 'key': entries (snapshots, notify_at), snapshots[i] = None or (snapshot of {which},); "
+                f"a bucket's row holds its last {HOT_PER_BUCKET} touched keys' entries and which keys wait for "
+                f"a notification, a MapState row per other key is read only when the key is touched{timeout}; "
+                "the bucket count is fixed for a checkpoint"
             )
         return (
             f"layout 'bucket': one row per bucket: pickle of {{key: (snapshots, notify_at)}}, snapshots[i] = None or "

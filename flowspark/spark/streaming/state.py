@@ -14,11 +14,12 @@ Two state layouts (`LAYOUTS`, chosen per checkpoint):
   `{key: entry}`: read and rewritten whole by every micro-batch touching the bucket.
   Cheapest while the state is small; its cost grows with every key in the touched
   buckets.
-- `"key"`: `transformWithStateInPandas`; one `MapState` row per key (`KeyTable`),
-  read and written only when the key gets values or a notification, plus one
-  bookkeeping row per bucket (the keys waiting for a notification, the registered
-  timer, the key count). A micro-batch's cost follows the keys it touches; each
-  touched key costs two state-store round trips.
+- `"key"`: `transformWithStateInPandas`; one bookkeeping row per bucket (the keys
+  waiting for a notification, the registered timer, the key count, and the entries
+  of the bucket's last `HOT_PER_BUCKET` touched keys: the hot tier) and one `MapState`
+  row per other key (`KeyTable`), read only when the key gets values or a
+  notification. A micro-batch's cost follows the keys it touches: keys of the hot
+  tier cost no per-key state call, others two state-store round trips.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ __all__ = ["LAYOUTS", "STATE_SCHEMA", "BucketDriver", "KeyTable", "dump_state"]
 STATE_SCHEMA = "blob binary"
 #: State layouts: see the module docstring.
 LAYOUTS = ("bucket", "key")
+#: Key layout: the most keys of a bucket kept in its bookkeeping row (the hot tier, see `KeyTable`).
+HOT_PER_BUCKET = 1024
 #: Key layout: name and schemas of the per-key MapState and of the bucket's bookkeeping ValueState.
 ENTRIES = ("entries", "k string", "entry binary")
 META = ("meta", "meta binary")
@@ -82,16 +85,21 @@ def _pending(table: Any) -> Iterator[tuple[str, datetime]]:
 
 
 class KeyTable:
-    """A bucket's state in the key layout: entries read and written key by key.
+    """A bucket's state in the key layout: a small hot tier in the bucket's row, the rest key by key.
 
     Behaves like the bucket layout's `{key: entry}` dict for what `BucketDriver.process`
-    does with it (`get`, item assignment, `pop`); reads go to the `MapState` once per
-    key and call, writes are buffered until `flush`.
+    does with it (`get`, item assignment, `pop`). The bucket's bookkeeping row holds the
+    *hot* entries: the last `HOT_PER_BUCKET` keys touched, most recent last. Every other
+    key's entry is a `MapState` row, read when the key is touched (then it joins the hot
+    tier) and written when it leaves the hot tier. A micro-batch that touches the same keys
+    as the last ones reads and writes no per-key row; one touching cold keys pays two
+    state-store round trips per key.
 
     Args:
         entries: The stage's `MapState` (`key -> pickled entry`).
-        meta: The bucket's bookkeeping (pickled `{"pending": {key: notify_at},
-            "timer": registered timer in ms or None, "keys": key count}`), or `None`.
+        meta: The bucket's bookkeeping (pickled `{"pending": {key: notify_at}, "timer":
+            registered timer in ms or None, "keys": key count, "hot": {key: (entry, in_map)}}`,
+            `in_map` telling whether a `MapState` row of the key exists), or `None`.
     """
 
     def __init__(self, entries: Any, meta: Optional[bytes]) -> None:
@@ -101,37 +109,39 @@ class KeyTable:
         self.pending: dict[str, datetime] = m.get("pending", {})
         self.timer: Optional[int] = m.get("timer")
         self.keys: int = m.get("keys", 0)
+        self.hot: dict[str, tuple[Any, bool]] = m.get("hot", {})
         self.changed = meta is None  # whether the bookkeeping must be written back
         self._seen: dict[str, Any] = {}
-        self._dirty: set[str] = set()
+        self._in_map: dict[str, bool] = {}
 
     def get(self, key: str, default: Any = None) -> Any:
         """The key's entry, or `default` when it has none."""
         try:
             ent = self._seen[key]
         except KeyError:
-            row = self.entries.getValue((key,))
-            ent = pickle.loads(row[0]) if row is not None else None  # noqa: S301 - our own state
+            h = self.hot.get(key)
+            if h is not None:
+                ent, self._in_map[key] = h
+            else:
+                row = self.entries.getValue((key,))
+                ent = pickle.loads(row[0]) if row is not None else None  # noqa: S301 - our own state
+                self._in_map[key] = ent is not None
             self._seen[key] = ent
         return default if ent is None else ent
 
     def __setitem__(self, key: str, ent: Any) -> None:
-        """Set the key's entry (written at `flush`)."""
+        """Set the key's entry (stored at `flush`)."""
         if self.get(key) is None:
             self.keys += 1
-            self.changed = True
         self._seen[key] = ent
-        self._dirty.add(key)
         self._track(key, ent[1])
 
     def pop(self, key: str, default: Any = None) -> Any:
-        """Drop the key's entry (removed at `flush`); return it or `default`."""
+        """Drop the key's entry (at `flush`); return it or `default`."""
         old = self.get(key)
         if old is not None:
             self.keys -= 1
-            self.changed = True
             self._seen[key] = None
-            self._dirty.add(key)
         self._track(key, None)
         return default if old is None else old
 
@@ -140,27 +150,37 @@ class KeyTable:
         return self.keys
 
     def _track(self, key: str, at: Optional[datetime]) -> None:
-        if self.pending.get(key) == at:
+        if self.pending.get(key) != at:
+            if at is None:
+                del self.pending[key]
+            else:
+                self.pending[key] = at
+
+    def flush(self, hot_cap: int) -> None:
+        """Store the keys touched by this call in the hot tier; move the least recent beyond `hot_cap` to the MapState.
+
+        Args:
+            hot_cap: The most keys the hot tier keeps.
+        """
+        if not self._seen:
             return
         self.changed = True
-        if at is None:
-            del self.pending[key]
-        else:
-            self.pending[key] = at
-
-    def flush(self) -> None:
-        """Write the entries changed since the table was loaded."""
-        for key in self._dirty:
-            ent = self._seen[key]
-            if ent is None:
+        hot = self.hot
+        for key, ent in self._seen.items():
+            hot.pop(key, None)
+            if ent is not None:
+                hot[key] = (ent, self._in_map[key])
+            elif self._in_map[key]:
                 self.entries.removeKey((key,))
-            else:
-                self.entries.updateValue((key,), (dump_state(ent),))
-        self._dirty.clear()
+        self._seen.clear()
+        while len(hot) > hot_cap:
+            key = next(iter(hot))
+            ent, _in_map = hot.pop(key)
+            self.entries.updateValue((key,), (dump_state(ent),))
 
     def meta(self) -> bytes:
         """The bucket's bookkeeping, to store."""
-        return pickle.dumps({"pending": self.pending, "timer": self.timer, "keys": self.keys}, protocol=5)
+        return dump_state({"pending": self.pending, "timer": self.timer, "keys": self.keys, "hot": self.hot})
 
 
 class BucketDriver:
@@ -456,6 +476,7 @@ class BucketDriver:
         from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
         driver = self
+        hot_cap = HOT_PER_BUCKET  # read now: the workers get the value
 
         class KeyProcessor(StatefulProcessor):
             def init(self, handle: Any) -> None:
@@ -474,7 +495,7 @@ class BucketDriver:
                 if fired is not None and fired == table.timer:
                     table.timer, table.changed = None, True  # Spark dropped the timer that fired
                 out = driver.call(table, pdfs, now, key[0])
-                table.flush()
+                table.flush(hot_cap)
                 if driver.timers:
                     ms = driver.timeout_ms(table, now)
                     want = None if ms is None else int(now.timestamp() * 1000) + ms
@@ -488,7 +509,7 @@ class BucketDriver:
                             self.handle.registerTimer(want)
                         table.timer, table.changed = want, True
                 if table.changed:
-                    if table.keys or table.pending or table.timer is not None:
+                    if table.keys or table.timer is not None:
                         self.meta.update((table.meta(),))
                     else:
                         self.meta.clear()
