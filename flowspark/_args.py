@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import re
+from datetime import timedelta
 from typing import Optional
 
-__all__ = ["IMPORT_HELP", "conf_pair", "parse_trigger", "trigger_arg"]
+__all__ = ["IMPORT_HELP", "conf_pair", "parse_trigger", "trigger_arg", "ttl_arg"]
 
 #: Help text of the IMPORT_STR argument of every command.
 IMPORT_HELP = (
@@ -92,3 +93,24 @@ def parse_trigger(text: str) -> tuple[str, Optional[float]]:
     else:
         scale = 1.0
     return ("processing_time", n * scale)
+
+
+def ttl_arg(where: str, value: object) -> Optional[timedelta]:
+    """Check a `state_ttl` run option.
+
+    Args:
+        where: The function taking it (for the message).
+        value: `None` or a positive `timedelta`.
+
+    Returns:
+        The value.
+
+    Raises:
+        FlowsparkTypeError: Anything else.
+    """
+    if value is None or (isinstance(value, timedelta) and value > timedelta(0)):
+        return value
+    from flowspark.errors import FlowsparkTypeError
+
+    msg = f"{where}: state_ttl must be a positive timedelta (e.g. timedelta(hours=1)) or None; received {value!r}"
+    raise FlowsparkTypeError(msg)

@@ -514,6 +514,7 @@ def drive_chain(
     *,
     now: datetime,
     eof: bool = True,
+    fed: Optional[list[bool]] = None,
 ) -> tuple[Emits, list[Any]]:
     """Run a fused chain of stateful steps over the values of one key.
 
@@ -531,6 +532,8 @@ def drive_chain(
         now: The logical time notifications are compared with.
         eof: Whether the input of this key ends here (fire due notifications and
             `on_eof` after the last value).
+        fed: When given, gets one entry per step: whether the step got values (the
+            state TTL counts from a step's last value).
 
     Returns:
         `(emits, logics)`: the last step's emits as `(tag, value)` pairs in order
@@ -543,6 +546,8 @@ def drive_chain(
     cur = logics if logics is not None else [None] * len(drivers)
     new: list[Any] = []
     for i, d in enumerate(drivers):
+        if fed is not None:
+            fed.append(bool(items))
         items, logic = d.drive(key, items, cur[i], now, eof)
         new.append(logic)
     return items, new

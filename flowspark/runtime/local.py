@@ -33,6 +33,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
 
 from flowspark import ir
+from flowspark._args import ttl_arg
 from flowspark._time import use_clock, utc_now
 from flowspark.errors import (
     FlowsparkCompileError,
@@ -409,8 +410,13 @@ class _StatefulRt(_Rt):
         track: bool,
         fixed_now: Optional[datetime] = None,
         roundtrip: bool = False,
+        ttl: Optional[timedelta] = None,
     ) -> None:
         self.fixed_now = fixed_now
+        #: The run's `state_ttl`, and each key's time of its last value, least recent first.
+        self.ttl = ttl
+        self.last: dict[str, datetime] = {}
+        self.ttl_started = False
         self.step_id = node.step_id
         self.up = node.up
         self.down = node.down
@@ -425,7 +431,7 @@ class _StatefulRt(_Rt):
         self.touched_epoch: set[str] = set()
         self.eof_done = False
         #: With `roundtrip_state`: the same step, never resumed, to compare with.
-        self.reference = _StatefulRt(node, resume, False, fixed_now) if roundtrip else None
+        self.reference = _StatefulRt(node, resume, False, fixed_now, ttl=ttl) if roundtrip else None
         for key in sorted(resume):
             self.logics[key] = self.driver.build(key, resume[key])
             self._schedule(key)
@@ -467,11 +473,19 @@ class _StatefulRt(_Rt):
             self._step_fixed(ex, items, out, touched)
         else:
             driver = self.driver
+            expired = self._expire(ex.now()) if self.ttl is not None else ()
             if items:
                 if bounds is _SINGLES:
                     driver.feed_runs(self.logics, items, out, touched, out_ends, singles=True)
                 else:
                     driver.feed_grouped(self.logics, items, bounds, out, touched, out_ends)
+            if self.ttl is not None:
+                now = ex.now()
+                for key in touched:  # the keys that got values
+                    self.last.pop(key, None)
+                    self.last[key] = now
+                for key in expired:
+                    touched[key] = None
             if self.heap:
                 self._on_notify(ex.now(), out, touched)
             if not self.eof_done and ex.is_eof(self.up):
@@ -493,6 +507,26 @@ class _StatefulRt(_Rt):
             if out_ends is not None and len(out) != (out_ends[-1] if out_ends else 0):
                 out_ends.append(len(out))
         return out, touched
+
+    def _expire(self, now: datetime) -> list[str]:
+        """Drop the logics of keys that got no value for `ttl` (no `on_eof`, no notification); return their keys."""
+        assert self.ttl is not None
+        last = self.last
+        if not self.ttl_started:  # keys resumed from a snapshot: the TTL counts from the first pass
+            self.ttl_started = True
+            for key in sorted(self.logics):
+                last.setdefault(key, now)
+        cut = now - self.ttl
+        dropped: list[str] = []
+        while last:
+            key = next(iter(last))
+            if last[key] > cut:
+                break
+            del last[key]
+            if self.logics.pop(key, None) is not None:
+                self.sched.pop(key, None)
+                dropped.append(key)
+        return dropped
 
     # -- roundtrip_state: resume every touched key from its pickled snapshot ----------
     def _check_resumed(
@@ -603,8 +637,10 @@ class _Executor:
         clock: Optional[LogicalClock],
         fixed_time: bool = False,
         roundtrip_state: bool = False,
+        state_ttl: Optional[timedelta] = None,
     ) -> None:
         self.graph = graph
+        self.state_ttl = state_ttl
         self.epoch_interval = epoch_interval
         self.store = store
         self.clock = clock
@@ -620,8 +656,11 @@ class _Executor:
         # Do the same when the graph has a merge; otherwise gather up to _BATCH_TARGET
         # items per pass (fewer, larger passes; same results).
         # With roundtrip_state, one source batch per pass too: logics are resumed after every batch.
-        self.one_batch_per_pass = roundtrip_state or any(
-            isinstance(n, ir.Merge) and len(n.ups) > 1 for n in graph.nodes
+        # With a state TTL too: each batch's values get the time of their own pass.
+        self.one_batch_per_pass = (
+            roundtrip_state
+            or state_ttl is not None
+            or any(isinstance(n, ir.Merge) and len(n.ups) > 1 for n in graph.nodes)
         )
         self.bounds: dict[str, Any] = {}
         resume: dict[str, dict[str, Any]] = {}
@@ -667,7 +706,9 @@ class _Executor:
                 return _MergeRt(node)
             case ir.StatefulBatch():
                 fixed_now = self.clock.now if self.clock is not None and self.fixed_time else None
-                return _StatefulRt(node, resume, self.store is not None, fixed_now, self.roundtrip_state)
+                return _StatefulRt(
+                    node, resume, self.store is not None, fixed_now, self.roundtrip_state, self.state_ttl
+                )
         msg = f"step {getattr(node, 'step_id', node)!r}: the local runtime has no core step {type(node).__name__}"
         raise FlowsparkCompileError(msg)
 
@@ -849,6 +890,7 @@ def run_main(
     clock: str = "system",
     start_time: Optional[datetime] = None,
     roundtrip_state: bool = False,
+    state_ttl: Optional[timedelta] = None,
 ) -> None:
     """Run a dataflow to completion in this thread with the in-memory executor.
 
@@ -874,6 +916,12 @@ def run_main(
             also runs a copy that is never resumed; as soon as the two emit something
             different the run fails, naming the step and the key (a builder that ignores
             `resume_state`, or a `snapshot()` that leaves state out). For tests.
+        state_ttl: Drop a stateful step's state for a key when the key got no value at
+            that step for this long (processing time, checked at each activation before
+            its values): no `on_eof`, its notifications are dropped with it, and the next
+            value starts from fresh state. Default: state lives until its logic discards
+            it. With `clock="fixed"` time stands still, so nothing expires. See
+            docs/concepts.md "State TTL".
 
     Raises:
         FlowsparkRuntimeError: A user callable failed; names the step and chains the error.
@@ -911,6 +959,7 @@ def run_main(
     if clock not in ("system", "logical", "fixed"):
         msg = f"run_main: clock must be 'system', 'logical' or 'fixed'; received {clock!r}"
         raise ValueError(msg)
+    state_ttl = ttl_arg("run_main", state_ttl)
     store = RecoveryStore(recovery_config) if recovery_config is not None else None
     logical = None
     if clock == "logical":
@@ -925,6 +974,7 @@ def run_main(
             clock=logical,
             fixed_time=clock == "fixed",
             roundtrip_state=roundtrip_state,
+            state_ttl=state_ttl,
         )
         if logical is not None:
             with use_clock(logical.get):

@@ -119,3 +119,25 @@ def test_bad_state_layout_is_refused(tmp_path):
 
     with pytest.raises(FlowsparkTypeError, match=r"state_layout must be 'bucket' or 'key'; received 'keys'"):
         run(_count_flow(str(tmp_path), []), checkpoint=str(tmp_path / "c"), state_layout="keys")
+
+
+@pytest.mark.parametrize("layout", ["bucket", "key"])
+def test_state_ttl_drops_idle_keys_on_both_layouts(spark, tmp_path, layout):
+    """A key idle for state_ttl (injected clock) starts again from fresh state; a live key goes on."""
+    from flowspark.spark import run
+
+    root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
+    clock = FileClock(str(tmp_path / "now.txt"))
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False, "clock": clock}
+    opts.update(state_layout=layout, state_ttl=timedelta(minutes=5), buckets=1)
+    os.makedirs(f"{root}/b")
+    steps = [(0, ["amy", "bob"]), (3, ["amy"]), (7, ["amy", "bob"]), (13, ["amy"])]
+    got: list = []
+    for n, (minute, users) in enumerate(steps):
+        clock.set(T0 + timedelta(minutes=minute))
+        write_jsonl(f"{root}/a/{n:04d}.jsonl", [{"user": u} for u in users])
+        out: list = []
+        run(_count_flow(root, out), **opts)
+        got.append(sorted(out))
+    # bob: 0, then 7 (idle 7 >= 5: fresh); amy: 0, 3, 7 (idle 4), then 13 (idle 6: fresh).
+    assert got == [[("amy", 1), ("bob", 1)], [("amy", 2)], [("amy", 3), ("bob", 1)], [("amy", 1)]]

@@ -16,9 +16,10 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
 
+from flowspark._args import ttl_arg
 from flowspark.errors import (
     FlowsparkCompileError,
     FlowsparkError,
@@ -136,7 +137,8 @@ class Lowering:
             The text.
         """
         if self.tws:
-            return f"transformWithStateInPandas(timeMode={'ProcessingTime' if self.timers else 'None'})"
+            mode = "ProcessingTime" if self.timers or self.layout == "key" else "None"
+            return f"transformWithStateInPandas(timeMode={mode})"
         return f"applyInPandasWithState({'ProcessingTimeTimeout' if self.timers else 'NoTimeout'})"
 
     def stage(self, st: StagePlan) -> str:
@@ -231,7 +233,7 @@ class StreamingRun:
         self.max_items: int = options["max_items"]
         self.timers: bool = options.get("timers", True)
         self.layout: str = options.get("layout", "bucket")
-        self.state_ttl_ms: Optional[int] = options.get("state_ttl_ms")
+        self.state_ttl: Optional[timedelta] = options.get("state_ttl")
         self.progress: Optional[Callable[[str], None]] = options.get("progress")
         self.dfs: dict[int, Any] = {}
         self.query: Any = None
@@ -281,13 +283,12 @@ class StreamingRun:
         """Lower a keyed stage over `df` (with a `bucket` column) to the stateful operator."""
         sink_rows = self._fused_sink(spec) if route is None else None
         out_schema = _ROW_SCHEMA if sink_rows is None else self._sink_struct
-        driver = BucketDriver(spec, self.clock, sink_rows, self.timers, route, self.buckets)
+        driver = BucketDriver(spec, self.clock, sink_rows, self.timers, route, self.buckets, self.state_ttl)
         if self.layout == "key":
+            # Always processing time: Spark's TTL of the per-key rows (state_ttl) needs it, and
+            # a checkpoint's time mode cannot change between runs.
             return df.groupBy("bucket").transformWithStateInPandas(
-                driver.key_processor(self.state_ttl_ms),
-                out_schema,
-                "Append",
-                "ProcessingTime" if self.timers else "None",
+                driver.key_processor(self.state_ttl), out_schema, "Append", "ProcessingTime"
             )
         if not self.lowering.chained:
             return df.groupBy("bucket").applyInPandasWithState(
@@ -749,6 +750,7 @@ def run_streaming(
     trigger: Optional[str] = None,
     buckets: int = DEFAULT_BUCKETS,
     state_layout: Optional[str] = None,
+    state_ttl: Optional[timedelta] = None,
     max_items: int = 100_000,
     clock: Optional[Callable[[], datetime]] = None,
     progress: Any = True,
@@ -772,6 +774,10 @@ def run_streaming(
             one state row per key: a micro-batch's cost follows the keys it touches, for
             large state). Fixed for a checkpoint's lifetime; default the checkpoint's
             layout, `"bucket"` for a new one. See docs/streaming.md "State layouts".
+        state_ttl: Drop a stateful step's state for a key when the key got no value at
+            that step for this long (processing time: the micro-batch's, or `clock`),
+            checked at each micro-batch before its values: no `on_eof`, its
+            notifications go with it. See docs/concepts.md "State TTL".
         max_items: Most items read from one flowspark source partition per micro-batch.
         clock: Function returning "now" (aware UTC) in the workers (must be picklable);
             default Spark's processing time of each micro-batch.
@@ -803,6 +809,7 @@ def run_streaming(
     if not isinstance(buckets, int) or buckets < 1:
         msg = f"flowspark.spark.run: buckets must be a positive int; received {buckets!r}"
         raise FlowsparkTypeError(msg)
+    state_ttl = ttl_arg("flowspark.spark.run", state_ttl)
     if state_layout is not None and state_layout not in LAYOUTS:
         allowed = " or ".join(map(repr, LAYOUTS))
         msg = f"flowspark.spark.run: state_layout must be {allowed}; received {state_layout!r}"
@@ -838,6 +845,7 @@ def run_streaming(
             "max_items": max_items,
             "timers": timers,
             "layout": layout,
+            "state_ttl": state_ttl,
         },
     )
     lst = _Listener(sr, show)

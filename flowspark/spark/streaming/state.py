@@ -187,8 +187,9 @@ class BucketDriver:
     """Runs a keyed stage for one bucket of keys (called by `applyInPandasWithState`).
 
     State of a bucket: `{key: (snaps, notify_at)}` pickled, where `snaps[i]` is
-    `None` when step `i` has no logic for the key and `(snapshot,)` otherwise, and
-    `notify_at` is the earliest `notify_at()` of the key's logics (or `None`).
+    `None` when step `i` has no logic for the key and `(snapshot,)` otherwise
+    (`(snapshot, time of the step's last value)` with a state TTL), and `notify_at`
+    is the earliest `notify_at()` of the key's logics (or `None`).
 
     Args:
         spec: The keyed stage (its chain, the stateless ops after it, and the
@@ -206,6 +207,9 @@ class BucketDriver:
             route: its output rows carry routes, and the group `forward_group` only
             hands back the rows the stage forwards.
         forward_group: The bucket value of the forward group.
+        ttl: The run's `state_ttl`: a step's logic for a key is dropped (without
+            `on_eof`, its notifications with it) when the key got no value at that step
+            for this long, checked at the micro-batch's time before anything else.
     """
 
     def __init__(
@@ -216,8 +220,10 @@ class BucketDriver:
         timers: bool = True,
         route: Optional[Route] = None,
         forward_group: int = -1,
+        ttl: Optional[timedelta] = None,
     ) -> None:
         """Describe the stage."""
+        self.ttl = ttl
         self.route = route
         self.forward_group = forward_group
         self.spec = spec
@@ -228,19 +234,37 @@ class BucketDriver:
         self.timers = timers
 
     # -- state codec ----------------------------------------------------------
-    def _logics(self, key: str, snaps: Optional[list[Any]]) -> list[Any]:
+    def _logics(self, key: str, snaps: Optional[list[Any]], now: datetime) -> list[Any]:
         if snaps is None:
             return [None] * len(self.drivers)
-        return [None if s is None else d.build(key, s[0]) for d, s in zip(self.drivers, snaps, strict=True)]
+        ttl = self.ttl
+        return [
+            None if s is None or (ttl is not None and len(s) > 1 and now - s[1] >= ttl) else d.build(key, s[0])
+            for d, s in zip(self.drivers, snaps, strict=True)
+        ]
 
-    def _freeze(self, key: str, logics: list[Any]) -> Optional[tuple[list[Any], Optional[datetime]]]:
+    def _times(self, snaps: Optional[list[Any]], now: datetime, fed: Optional[list[bool]] = None) -> list[datetime]:
+        """Each step's time of its last value, after a call (`fed`: which steps got values)."""
+        if snaps is None:
+            return [now] * len(self.drivers)
+        return [now if (fed is not None and fed[i]) or s is None or len(s) < 2 else s[1] for i, s in enumerate(snaps)]
+
+    def expired(self, ent: Any, now: datetime) -> bool:
+        """Whether the state TTL dropped every step's logic of an entry."""
+        ttl = self.ttl
+        return ttl is not None and all(s is None or (len(s) > 1 and now - s[1] >= ttl) for s in ent[0])
+
+    def _freeze(
+        self, key: str, logics: list[Any], times: list[datetime]
+    ) -> Optional[tuple[list[Any], Optional[datetime]]]:
         snaps: list[Any] = []
         at: Optional[datetime] = None
-        for d, logic in zip(self.drivers, logics, strict=True):
+        ttl = self.ttl is not None
+        for d, logic, t in zip(self.drivers, logics, times, strict=True):
             if logic is None:
                 snaps.append(None)
                 continue
-            snaps.append((d.snapshot(key, logic),))
+            snaps.append((d.snapshot(key, logic), t) if ttl else (d.snapshot(key, logic),))
             a = d.notify_at(key, logic)
             if a is not None and (at is None or a < at):
                 at = a
@@ -264,6 +288,8 @@ class BucketDriver:
             FlowsparkRuntimeError: A user callable failed.
         """
         out: list[tuple[bytes, Any]] = []
+        if self.ttl is not None:
+            self._sweep(table, now)
         rows.sort(key=_key_seq)
         keys = [r[0] for r in rows]
         seqs = [r[1] for r in rows]
@@ -276,17 +302,27 @@ class BucketDriver:
             items = list(zip(seqs[i:j], vals[i:j], strict=True))
             i = j
             ent = table.get(key)
-            logics = self._logics(key, ent[0] if ent else None)
-            emits, logics = drive_chain(self.drivers, key, items, logics, now=now, eof=False)
+            snaps = ent[0] if ent else None
+            fed: list[bool] = []
+            emits, logics = drive_chain(
+                self.drivers, key, items, self._logics(key, snaps, now), now=now, eof=False, fed=fed
+            )
             out.extend([(s, (key, w)) for s, w in emits])
-            self._store(table, key, logics)
+            self._store(table, key, logics, self._times(snaps, now, fed))
         due = sorted((at, key) for key, at in _pending(table) if at <= now)
         for rank, (_at, key) in enumerate(due):
             self._fire(table, key, rank, now, out)
         return out
 
-    def _store(self, table: Any, key: str, logics: list[Any]) -> None:
-        frozen = self._freeze(key, logics)
+    def _sweep(self, table: Any, now: datetime) -> None:
+        """Drop the keys whose every step's state outlived the TTL (of the bucket's dict, or of its hot tier)."""
+        ents = table.hot if isinstance(table, KeyTable) else table
+        dead = [k for k, e in ents.items() if self.expired(e[0] if isinstance(table, KeyTable) else e, now)]
+        for key in dead:
+            table.pop(key, None)
+
+    def _store(self, table: Any, key: str, logics: list[Any], times: list[datetime]) -> None:
+        frozen = self._freeze(key, logics, times)
         if frozen is None:
             table.pop(key, None)
         else:
@@ -297,7 +333,8 @@ class BucketDriver:
         if ent is None:
             table.pop(key, None)
             return
-        logics = self._logics(key, ent[0])
+        logics = self._logics(key, ent[0], now)
+        times = self._times(ent[0], now)
         for i, d in enumerate(self.drivers):
             logic = logics[i]
             if logic is None:
@@ -310,10 +347,14 @@ class BucketDriver:
             emits = [(prefix + idx(n), w) for n, w in enumerate(ws)]
             rest = self.drivers[i + 1 :]
             if rest and emits:
-                emits, tail = drive_chain(rest, key, emits, logics[i + 1 :], now=now, eof=False)
+                fed: list[bool] = []
+                emits, tail = drive_chain(rest, key, emits, logics[i + 1 :], now=now, eof=False, fed=fed)
                 logics[i + 1 :] = tail
+                for j, got in enumerate(fed):
+                    if got:
+                        times[i + 1 + j] = now
             out.extend([(s, (key, w)) for s, w in emits])
-        self._store(table, key, logics)
+        self._store(table, key, logics, times)
 
     def now(self, spark_ms: Callable[[], int]) -> datetime:
         """The time of the micro-batch: the injected clock, else Spark's processing time.
@@ -463,12 +504,13 @@ class BucketDriver:
 
         return BucketProcessor()
 
-    def key_processor(self, ttl_ms: Optional[int] = None) -> Any:
+    def key_processor(self, ttl: Optional[timedelta] = None) -> Any:
         """Build the `StatefulProcessor` of the key layout (`transformWithStateInPandas`, see `KeyTable`).
 
         Args:
-            ttl_ms: Spark's TTL of the per-key entries (the run's `state_ttl`), so keys that
-                get no value are removed from the state store without being read.
+            ttl: The run's `state_ttl`, also given to Spark as the TTL of the per-key rows, so
+                the rows of keys that get no value leave the state store without being read
+                (Spark counts from a row's last write, never earlier than the key's last value).
 
         Returns:
             The processor.
@@ -477,6 +519,7 @@ class BucketDriver:
 
         driver = self
         hot_cap = HOT_PER_BUCKET  # read now: the workers get the value
+        ttl_ms = None if ttl is None else max(1, int(ttl / timedelta(milliseconds=1)))
 
         class KeyProcessor(StatefulProcessor):
             def init(self, handle: Any) -> None:
