@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from datetime import timedelta
 
 import pytest
@@ -141,3 +142,34 @@ def test_state_ttl_drops_idle_keys_on_both_layouts(spark, tmp_path, layout):
         got.append(sorted(out))
     # bob: 0, then 7 (idle 7 >= 5: fresh); amy: 0, 3, 7 (idle 4), then 13 (idle 6: fresh).
     assert got == [[("amy", 1), ("bob", 1)], [("amy", 2)], [("amy", 3), ("bob", 1)], [("amy", 1)]]
+
+
+@pytest.mark.parametrize("layout", ["bucket", "key"])
+def test_progress_line_shows_keys_timers_and_bytes_in_state(spark, tmp_path, layout):
+    from flowspark.spark import run
+
+    root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 3}"} for i in range(7)])
+    write_jsonl(f"{root}/b/0001.jsonl", [{"user": "u3"}])
+    lines: list = []
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": lines.append, "buckets": 4}
+    run(_count_flow(root, []), state_layout=layout, **opts)
+    assert re.search(r"state 4 keys, 0 timers pending, [\d.]+ (B|KiB|MiB) in memory", lines[-1]), lines
+    # The counts survive a restart (saved next to the checkpoint); a new key adds one.
+    write_jsonl(f"{root}/a/0002.jsonl", [{"user": "u9"}])
+    lines.clear()
+    run(_count_flow(root, []), **opts)
+    assert "state 5 keys" in lines[-1], lines
+
+
+def test_progress_line_counts_pending_timers(spark, tmp_path):
+    from flowspark.spark import run
+
+    root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
+    clock = FileClock(str(tmp_path / "now.txt"))
+    clock.set(T0)
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": "amy"}, {"user": "bob"}])
+    lines: list = []
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": lines.append, "clock": clock}
+    run(_active_flow(root, []), state_layout="key", **opts)
+    assert "state 2 keys, 2 timers pending" in lines[-1], lines

@@ -17,10 +17,22 @@ from typing import Optional
 
 from flowspark.errors import RecoveryError
 
-__all__ = ["META_FILE", "check_layout", "check_meta", "pin_schema", "pinned_schemas"]
+__all__ = [
+    "COUNTS_FILE",
+    "META_FILE",
+    "check_layout",
+    "check_meta",
+    "load_counts",
+    "pin_schema",
+    "pinned_schemas",
+    "save_counts",
+]
 
 #: File in the checkpoint directory recording what the checkpoint belongs to.
 META_FILE = "flowspark.json"
+#: File in the checkpoint directory with the last counts of keys and pending notifications
+#: per bucket (the progress line's; informational: rewritten after every micro-batch).
+COUNTS_FILE = "flowspark_state_counts.json"
 
 
 def check_meta(checkpoint: str, flow_id: str, buckets: int, steps: list[str], timers: bool = True) -> bool:
@@ -128,6 +140,32 @@ def pin_schema(checkpoint: str, step_id: str, schema_json: str) -> None:
         meta = json.load(f)
     meta.setdefault("sink_schemas", {})[step_id] = schema_json
     _write(path, meta)
+
+
+def load_counts(checkpoint: str) -> dict[str, tuple[int, int]]:
+    """The state counts saved by the last run: `{"stage:bucket": (keys, pending notifications)}`.
+
+    Args:
+        checkpoint: The checkpoint directory.
+
+    Returns:
+        The counts; empty when none were saved.
+    """
+    path = os.path.join(checkpoint, COUNTS_FILE)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {k: (int(v[0]), int(v[1])) for k, v in json.load(f).items()}
+
+
+def save_counts(checkpoint: str, counts: dict[str, tuple[int, int]]) -> None:
+    """Save the state counts (see `load_counts`).
+
+    Args:
+        checkpoint: The checkpoint directory.
+        counts: The counts.
+    """
+    _write(os.path.join(checkpoint, COUNTS_FILE), dict(counts))
 
 
 def _write(path: str, meta: dict[str, object]) -> None:

@@ -35,7 +35,14 @@ from flowspark.spark.compiler import as_graph, compile_flow
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink, infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan, StageSpec
-from flowspark.spark.streaming.checkpoint import check_layout, check_meta, pin_schema, pinned_schemas
+from flowspark.spark.streaming.checkpoint import (
+    check_layout,
+    check_meta,
+    load_counts,
+    pin_schema,
+    pinned_schemas,
+    save_counts,
+)
 from flowspark.spark.streaming.routing import (
     ROUTE,
     TICK_ROUTE,
@@ -44,7 +51,7 @@ from flowspark.spark.streaming.routing import (
     routed_stage_function,
     routes,
 )
-from flowspark.spark.streaming.state import HOT_PER_BUCKET, LAYOUTS, STATE_SCHEMA, BucketDriver
+from flowspark.spark.streaming.state import HOT_PER_BUCKET, LAYOUTS, STATE_SCHEMA, BucketDriver, LatestCounts
 from flowspark.spark.worker import dict_rows, run_stage_rows, stage_function
 
 __all__ = ["Lowering", "StreamingRun", "compile_streaming", "needs_timers", "run_streaming"]
@@ -207,14 +214,38 @@ def _per_call_stage(
     return fn
 
 
-def _progress_line(p: Any) -> str:
-    state_rows = sum(int(op.get("numRowsTotal", 0)) for op in (p.get("stateOperators") or []))
+def _progress_line(p: Any, counts: Optional[tuple[int, int]] = None) -> str:
+    """The per-micro-batch line: input, rate, state (keys, pending notifications, bytes), watermark.
+
+    Args:
+        p: Spark's progress report.
+        counts: `(keys, pending notifications)` in state, from the keyed stages' reports.
+
+    Returns:
+        The line.
+    """
+    ops = p.get("stateOperators") or []
+    state_rows = sum(int(op.get("numRowsTotal", 0)) for op in ops)
+    memory = sum(int(op.get("memoryUsedBytes", 0)) for op in ops)
+    disk = sum(int((op.get("customMetrics") or {}).get("rocksdbSstFileSize", 0)) for op in ops)
     wm = (p.get("eventTime") or {}).get("watermark", "-")
     rate = p.get("processedRowsPerSecond") or 0.0
+    state = f"state rows {state_rows}"
+    if counts is not None:
+        size = f"{_size(memory)} in memory" + (f", {_size(disk)} on disk" if disk else "")
+        state = f"state {counts[0]} keys, {counts[1]} timers pending, {size} ({state_rows} state rows)"
     return (
         f"[flowspark] batch {p.get('batchId')}: {p.get('numInputRows', 0)} input rows, "
-        f"{rate:.0f} rows/s, state rows {state_rows}, watermark {wm}"
+        f"{rate:.0f} rows/s, {state}, watermark {wm}"
     )
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
 
 
 class StreamingRun:
@@ -245,6 +276,7 @@ class StreamingRun:
         self._sink_struct: Any = None
         self._sink_fused_stage: Optional[int] = None
         self._schemas: dict[str, Any] = {}  # StructTypes of native sinks given no schema (pinned)
+        self._counts: Any = None  # accumulator of the state counts (state.LatestCounts)
 
     # -- building ---------------------------------------------------------------
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
@@ -283,7 +315,9 @@ class StreamingRun:
         """Lower a keyed stage over `df` (with a `bucket` column) to the stateful operator."""
         sink_rows = self._fused_sink(spec) if route is None else None
         out_schema = _ROW_SCHEMA if sink_rows is None else self._sink_struct
-        driver = BucketDriver(spec, self.clock, sink_rows, self.timers, route, self.buckets, self.state_ttl)
+        driver = BucketDriver(
+            spec, self.clock, sink_rows, self.timers, route, self.buckets, self.state_ttl, self._state_counts()
+        )
         if self.layout == "key":
             # Always processing time: Spark's TTL of the per-key rows (state_ttl) needs it, and
             # a checkpoint's time mode cannot change between runs.
@@ -301,6 +335,24 @@ class StreamingRun:
         return df.groupBy("bucket").transformWithStateInPandas(
             driver.processor(), out_schema, "Append", "ProcessingTime" if self.timers else "None"
         )
+
+    def _state_counts(self) -> Any:
+        """The accumulator the keyed stages report their state counts to (seeded from the checkpoint)."""
+        if self._counts is None:
+            try:
+                sc = self.spark.sparkContext
+            except Exception:  # noqa: BLE001 - a session without a SparkContext: no counts
+                return None
+            self._counts = sc.accumulator(load_counts(self.checkpoint), LatestCounts())
+        return self._counts
+
+    def counts(self) -> Optional[tuple[int, int]]:
+        """`(keys, pending notifications)` in state as last reported, saved to the checkpoint; or `None`."""
+        if self._counts is None:
+            return None
+        value = dict(self._counts.value)
+        save_counts(self.checkpoint, value)
+        return sum(v[0] for v in value.values()), sum(v[1] for v in value.values())
 
     def _ticks(self, columns: list[str]) -> Any:
         """The tick stream (timers need a micro-batch even when no data arrives, e.g. after a restart)."""
@@ -680,7 +732,9 @@ class _Listener:
         if p.get("runId") != str(query.runId):
             return  # another query of the same name (e.g. a late event of an earlier run)
         if self.show is not None:
-            self.show(_progress_line(p))
+            self.show(_progress_line(p, self.run.counts()))
+        elif self.run._counts is not None:  # noqa: SLF001
+            self.run.counts()  # saved for the next run
         with self.cond:
             self.run.batches += 1
             self.last_batch = max(self.last_batch, int(p.get("batchId", -1)))

@@ -39,7 +39,7 @@ from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.routing import Route, forward_frame
 from flowspark.spark.worker import dict_rows, no_gc, run_stage_rows, stage_streams
 
-__all__ = ["LAYOUTS", "STATE_SCHEMA", "BucketDriver", "KeyTable", "dump_state"]
+__all__ = ["LAYOUTS", "STATE_SCHEMA", "BucketDriver", "KeyTable", "LatestCounts", "dump_state"]
 
 #: Schema of a bucket's state row (layout "bucket").
 STATE_SCHEMA = "blob binary"
@@ -75,6 +75,25 @@ def dump_state(table: Any) -> bytes:
 
 
 _second = operator.itemgetter(1)
+
+
+class LatestCounts:
+    """Accumulator param of the state counts: `{"stage:bucket": (keys, pending notifications)}`, latest wins.
+
+    Each bucket call reports its bucket's counts after the call; the driver's value is then
+    the state's counts of every bucket seen (seeded, on a restart, from the checkpoint).
+    """
+
+    def zero(self, value: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        """An empty report."""
+        return {}
+
+    def addInPlace(  # noqa: N802 - Spark's name
+        self, a: dict[str, tuple[int, int]], b: dict[str, tuple[int, int]]
+    ) -> dict[str, tuple[int, int]]:
+        """Merge two reports; `b` (the later one) wins."""
+        a.update(b)
+        return a
 
 
 def _pending(table: Any) -> Iterator[tuple[str, datetime]]:
@@ -210,6 +229,8 @@ class BucketDriver:
         ttl: The run's `state_ttl`: a step's logic for a key is dropped (without
             `on_eof`, its notifications with it) when the key got no value at that step
             for this long, checked at the micro-batch's time before anything else.
+        counts: A Spark accumulator (`LatestCounts`) each call reports its bucket's key
+            and pending-notification counts to (the progress line's), or `None`.
     """
 
     def __init__(
@@ -221,9 +242,11 @@ class BucketDriver:
         route: Optional[Route] = None,
         forward_group: int = -1,
         ttl: Optional[timedelta] = None,
+        counts: Any = None,
     ) -> None:
         """Describe the stage."""
         self.ttl = ttl
+        self.counts = counts
         self.route = route
         self.forward_group = forward_group
         self.spec = spec
@@ -376,6 +399,12 @@ class BucketDriver:
             return datetime.now(timezone.utc)
         return datetime.fromtimestamp(ms / 1000, timezone.utc)
 
+    def report(self, bucket: Any, table: Any) -> None:
+        """Report the bucket's counts after a call (see `counts`)."""
+        if self.counts is not None and not (self.route is not None and bucket == self.forward_group):
+            pending = len(table.pending) if isinstance(table, KeyTable) else sum(1 for _ in _pending(table))
+            self.counts.add({f"{self.spec.stage_id}:{bucket}": (len(table), pending)})
+
     def timeout_ms(self, table: Any, now: datetime) -> Optional[int]:
         """Return the bucket's timeout duration: until its earliest notification.
 
@@ -449,6 +478,7 @@ class BucketDriver:
             now = driver.now(state.getCurrentProcessingTimeMs)
             table = _load(state.get[0] if state.exists else None)
             out = driver.call(table, pdfs, now, bucket[0])
+            driver.report(bucket[0], table)
             if table:
                 state.update((dump_state(table),))
                 ms = driver.timeout_ms(table, now) if driver.timers else None
@@ -480,6 +510,7 @@ class BucketDriver:
                 now = driver.now(timer_values.getCurrentProcessingTimeInMs)
                 table = _load(self.state.get()[0] if self.state.exists() else None)
                 out = driver.call(table, pdfs, now, key[0])
+                driver.report(key[0], table)
                 if driver.timers:
                     for t in list(self.handle.listTimers()):
                         self.handle.deleteTimer(t)
@@ -539,6 +570,7 @@ class BucketDriver:
                     table.timer, table.changed = None, True  # Spark dropped the timer that fired
                 out = driver.call(table, pdfs, now, key[0])
                 table.flush(hot_cap)
+                driver.report(key[0], table)
                 if driver.timers:
                     ms = driver.timeout_ms(table, now)
                     want = None if ms is None else int(now.timestamp() * 1000) + ms
