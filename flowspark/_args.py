@@ -7,7 +7,7 @@ import re
 from datetime import timedelta
 from typing import Optional
 
-__all__ = ["IMPORT_HELP", "conf_pair", "parse_trigger", "trigger_arg", "ttl_arg"]
+__all__ = ["IMPORT_HELP", "conf_pair", "parse_trigger", "trigger_arg", "ttl_arg", "ttl_seconds"]
 
 #: Help text of the IMPORT_STR argument of every command.
 IMPORT_HELP = (
@@ -114,3 +114,25 @@ def ttl_arg(where: str, value: object) -> Optional[timedelta]:
 
     msg = f"{where}: state_ttl must be a positive timedelta (e.g. timedelta(hours=1)) or None; received {value!r}"
     raise FlowsparkTypeError(msg)
+
+
+def ttl_seconds(text: str) -> timedelta:
+    """Parse `--state-ttl SECS` (a positive number of seconds).
+
+    Args:
+        text: The argument.
+
+    Returns:
+        The TTL.
+
+    Raises:
+        argparse.ArgumentTypeError: Not a positive number.
+    """
+    try:
+        secs = float(text)
+    except ValueError:
+        secs = -1.0
+    if not secs > 0:
+        msg = f"expected a positive number of seconds (e.g. 3600); received {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return timedelta(seconds=secs)

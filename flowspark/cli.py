@@ -37,7 +37,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional
 
-from flowspark._args import conf_pair, parse_trigger, trigger_arg
+from flowspark._args import conf_pair, parse_trigger, trigger_arg, ttl_seconds
 
 __all__ = ["build_parser", "main", "to_text"]
 
@@ -94,6 +94,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="streaming: state buckets (default 64; fixed for a checkpoint's lifetime)",
     )
     run.add_argument(
+        "--state-layout",
+        choices=["bucket", "key"],
+        help="streaming: state layout: bucket (one state row per bucket, for small state) or key (one row per "
+        "key, for large state); default the checkpoint's, bucket for a new one",
+    )
+    run.add_argument(
+        "--state-ttl",
+        type=ttl_seconds,
+        metavar="SECS",
+        help="drop a stateful step's state for a key that got no value for SECS seconds (processing time)",
+    )
+    run.add_argument(
         "--timeout",
         type=float,
         metavar="SECS",
@@ -117,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--master", default="local[1]", metavar="URL", help="Spark master for the physical plan")
     plan.add_argument(
         "--buckets", type=int, default=64, metavar="B", help="streaming flows: state buckets (default 64)"
+    )
+    plan.add_argument(
+        "--state-layout", choices=["bucket", "key"], default="bucket", help="streaming flows: state layout"
     )
 
     from flowspark.submit import add_submit_arguments
@@ -258,7 +273,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     streaming = None
     if not plan.bounded:
         compile_streaming(plan)  # the checks of the streaming lowering
-        streaming = Lowering(plan, args.buckets, needs_timers(plan))
+        streaming = Lowering(plan, args.buckets, needs_timers(plan), args.state_layout)
     describe = describe_stage if streaming is None else streaming.stage
     physical: list[tuple[int, str]] = []
     partitions: Optional[int] = None
@@ -334,8 +349,8 @@ def _unbounded_inputs(flow: Any) -> list[str]:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     spark_only = [
-        f"--{name}"
-        for name in ("master", "checkpoint", "trigger", "timeout", "buckets")
+        f"--{name.replace('_', '-')}"
+        for name in ("master", "checkpoint", "trigger", "timeout", "buckets", "state_layout")
         if getattr(args, name) is not None
     ] + (["--conf"] if args.conf else [])
     runtime = args.runtime or ("spark" if spark_only else "local")
@@ -346,12 +361,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if runtime == "local":
         from flowspark.runtime.local import run_main
 
-        run_main(flow)
+        run_main(flow, state_ttl=args.state_ttl)
         return 0
     _need_pyspark("run --runtime spark")
     conf = dict(args.conf)
     unbounded = _unbounded_inputs(flow)
-    streaming_flags = (args.checkpoint, args.trigger, args.timeout, args.buckets)
+    streaming_flags = (args.checkpoint, args.trigger, args.timeout, args.buckets, args.state_layout)
     if any(f is not None for f in streaming_flags) or unbounded:
         return _run_streaming(flow, args, conf, unbounded)
     from flowspark.spark import compile_flow, run
@@ -363,10 +378,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(plan)
     spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}")
     if args.no_progress:
-        run(flow, spark=spark)
+        run(flow, spark=spark, state_ttl=args.state_ttl)
     else:
         with Progress(spark):
-            run(flow, spark=spark)
+            run(flow, spark=spark, state_ttl=args.state_ttl)
     return 0
 
 
@@ -390,7 +405,8 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
     """
     if not unbounded:
         msg = (
-            "--checkpoint/--trigger/--timeout/--buckets apply to flows with an unbounded source; every source "
+            "--checkpoint/--trigger/--timeout/--buckets/--state-layout apply to flows with an unbounded source; "
+            "every source "
             "of this flow is bounded, so it runs as a Spark batch job: drop them"
         )
         raise CliError(msg)
@@ -417,6 +433,8 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
         progress=progress,
         explain=args.explain,
         timeout=args.timeout,
+        state_layout=args.state_layout,
+        state_ttl=args.state_ttl,
         **({"buckets": args.buckets} if args.buckets is not None else {}),
     )
     return 0

@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
 
+from flowspark._args import ttl_arg
 from flowspark.errors import (
     FlowsparkCompileError,
     FlowsparkError,
@@ -543,6 +544,7 @@ def run_plan(
     partitions: Optional[int] = None,
     chunk_size: int = 20_000,
     explain: bool = False,
+    state_ttl: Optional[timedelta] = None,
 ) -> None:
     """Run a compiled plan on Spark as batch jobs; return when it is done.
 
@@ -561,6 +563,9 @@ def run_plan(
         partitions: Spark partitions of keyed stages; default `spark.sql.shuffle.partitions`.
         chunk_size: `TestingSource` items per chunk shipped from the driver.
         explain: Print the compiled plan before running.
+        state_ttl: Checked and accepted as on the other runtimes, but a batch job
+            processes every item at one logical time (`start_time`), so no key is ever
+            idle and nothing expires (as with `run_main(clock="fixed")`).
 
     Raises:
         FlowsparkRuntimeError: A user callable failed (names the step, carries the
@@ -583,6 +588,7 @@ def run_plan(
     """
     from flowspark.spark.session import ensure_workers, ship_user_modules
 
+    ttl_arg("flowspark.spark.run", state_ttl)
     ship_user_modules()
     check_bounded(plan)
     if start_time is None:

@@ -87,6 +87,19 @@ def test_run_local_writes_output(project):
     assert (cwd / "out.txt").read_text().splitlines() == ["0:A", "1:B", "2:C"]
 
 
+def test_run_state_options(project):
+    cwd, pkg = project
+    flow = f"{pkg}/flows.py:get_flow('in.txt', 'out.txt')"
+    res = _cli(cwd, "run", flow, "--state-ttl", "3600")  # accepted by the in-memory executor
+    assert res.returncode == 0, res.stderr
+    res = _cli(cwd, "run", flow, "--state-ttl", "soon")
+    assert res.returncode != 0
+    assert "--state-ttl: expected a positive number of seconds (e.g. 3600); received 'soon'" in res.stderr
+    res = _cli(cwd, "run", "--runtime", "local", flow, "--state-layout", "key")
+    assert res.returncode != 0
+    assert "--state-layout: only for --runtime spark" in res.stderr
+
+
 def test_run_module_form_and_explicit_local(project):
     cwd, pkg = project
     res = _cli(cwd, "run", "--runtime", "local", f"{pkg}.flows:get_flow(out='o2.txt')")
@@ -277,7 +290,11 @@ def test_plan_spark_streaming_shows_buckets_and_state_layout(tmp_path):
     assert "stage 0 [source]: readStream.format('flowspark_source')" in out
     # stateful_map cannot notify: the query runs without timers (no tick stream, NoTimeout)
     assert "stage 1 [keyed]: (stage0.port0) -> groupBy(pmod(hash(k), 8)).applyInPandasWithState(NoTimeout)" in out
-    assert "state: one row per bucket: pickle of {key: (snapshots, notify_at)}" in out
+    assert "state: layout 'bucket': one row per bucket: pickle of {key: (snapshots, notify_at)}" in out
+    res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--state-layout", "key")
+    assert res.returncode == 0, res.stderr
+    assert "transformWithStateInPandas(timeMode=ProcessingTime)" in res.stdout
+    assert "a MapState row per other key is read only when the key is touched" in res.stdout
     res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--format", "json")
     doc = json.loads(res.stdout)["spark"]
     assert doc["mode"] == "streaming"
