@@ -527,6 +527,7 @@ def _cmd_state(args: argparse.Namespace) -> int:
         doc = {
             "flow_id": meta.get("flow_id"),
             "buckets": meta.get("buckets"),
+            "state_layout": meta.get("state_layout", "bucket"),
             "stateful_steps": steps,
             "state": [
                 {
@@ -541,8 +542,8 @@ def _cmd_state(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     print(
-        f"checkpoint {args.checkpoint}: dataflow {meta.get('flow_id')!r}, {meta.get('buckets')} buckets, "
-        f"{len(table)} keys with state"
+        f"checkpoint {args.checkpoint}: dataflow {meta.get('flow_id')!r}, {meta.get('buckets')} buckets "
+        f"(layout {meta.get('state_layout', 'bucket')!r}), {len(table)} keys with state"
     )
     for step, key, snap, at in records:
         when = f"  (next notification {at.isoformat()})" if at is not None else ""

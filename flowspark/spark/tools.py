@@ -277,9 +277,10 @@ def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> t
 
     The checkpoint must have been written by `flowspark.spark.streaming`: its
     `flowspark.json` names the flow and the chain of stateful steps, and the
-    state store of Spark's checkpoint (`<checkpoint>/query`) holds one row per bucket whose value is the pickled
-    `{key: (snapshots, notify_at)}` (`snapshots[i]` is `None` or `(snapshot,)`
-    for the i-th stateful step).
+    state store of Spark's checkpoint (`<checkpoint>/query`) holds, in the bucket layout, one row
+    per bucket whose value is the pickled `{key: (snapshots, notify_at)}` (`snapshots[i]` is
+    `None` or `(snapshot,)`, `(snapshot, last value time)` with a state TTL, for the i-th
+    stateful step); in the key layout, one `MapState` row per key plus each bucket's hot tier.
 
     Args:
         spark: The SparkSession.
@@ -321,6 +322,8 @@ def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> t
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
+    if meta.get("state_layout") == "key":
+        return meta, _key_layout_state(reader, str(query.resolve()))
     rows = reader.load(str(query.resolve())).select("value").collect()
     table: dict[str, Any] = {}
     for row in rows:
@@ -329,6 +332,25 @@ def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> t
             continue
         table.update(pickle.loads(blob))  # noqa: S301 - our own checkpoint
     return meta, table
+
+
+def _key_layout_state(reader: Any, path: str) -> dict[str, Any]:
+    """`{key: entry}` of a key-layout checkpoint: the per-key `MapState` rows, then the buckets' hot tiers (newer)."""
+    import pickle
+
+    from flowspark.spark.streaming.state import ENTRIES, META
+
+    table: dict[str, Any] = {}
+    for row in reader.option("stateVarName", ENTRIES[0]).load(path).collect():
+        key, blob = row["user_map_key"][ENTRIES[1].split()[0]], row["user_map_value"][0]
+        if blob is not None:
+            table[key] = pickle.loads(blob)  # noqa: S301 - our own checkpoint
+    for row in reader.option("stateVarName", META[0]).load(path).select("value").collect():
+        blob = _first_binary(row["value"])
+        if blob is not None:
+            hot = pickle.loads(blob).get("hot", {})  # noqa: S301 - our own checkpoint
+            table.update({key: ent for key, (ent, _in_map) in hot.items()})
+    return table
 
 
 def _first_binary(value: Any) -> Optional[bytes]:
