@@ -36,6 +36,7 @@ from flowspark.spark.codec import (
 from flowspark.spark.plan import Op, StageSpec
 
 __all__ = [
+    "column_key_runs",
     "dict_rows",
     "no_gc",
     "not_dict_error",
@@ -185,7 +186,7 @@ def _checked_keys(step_id: str, xs: list[Any]) -> list[str]:
     return ks
 
 
-def _column_key_runs(spec: StageSpec, batches: Iterator[Any]) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:
+def column_key_runs(spec: StageSpec, batches: Iterator[Any]) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:
     """Group rows Spark keyed and sorted (`ColumnKey`) into `(key, [(seq, value)])` runs.
 
     Input batches: `id` (`monotonically_increasing_id`), then the source's columns,
@@ -449,7 +450,7 @@ def stage_function(
         now: The logical time of the run (installed as the clock of `flowspark._time`).
         out_batch_rows: Rows per output Arrow batch.
         column_key: For a keyed stage with `spec.column_key`: its input rows are the
-            source's rows keyed and sorted by Spark (see `_column_key_runs`), not the
+            source's rows keyed and sorted by Spark (see `column_key_runs`), not the
             rows of the source stage's port.
         sink: `(step id, Arrow schema)` of the `SparkSink` that is the only reader of the
             stage's only port (`SinkPlan.only_reader`): the stage then emits the sink's
@@ -514,7 +515,7 @@ def _stage_items(
         # Keyed stage: rows arrive sorted by (k, seq).
         drivers = tuple(ks.driver() for ks in spec.chain)
         pending: list[tuple[bytes, Any]] = []
-        runs = _column_key_runs(spec, batches) if column_key else _key_runs(batches, spec.input_value_only)
+        runs = column_key_runs(spec, batches) if column_key else _key_runs(batches, spec.input_value_only)
         for key, items in runs:
             emits = drive_chain(drivers, key, items, now=now)[0]
             if emits:

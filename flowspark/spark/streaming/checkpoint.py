@@ -20,6 +20,7 @@ from flowspark.errors import RecoveryError
 __all__ = [
     "COUNTS_FILE",
     "META_FILE",
+    "check_flag",
     "check_layout",
     "check_meta",
     "load_counts",
@@ -109,6 +110,32 @@ def check_layout(checkpoint: str, layout: Optional[str], layouts: tuple[str, ...
         )
         raise RecoveryError(msg)
     return str(recorded)
+
+
+def check_flag(checkpoint: str, name: str, wanted: bool) -> bool:
+    """Record a lowering choice of a new checkpoint, or return the one recorded.
+
+    A choice that changes the query's shape (e.g. Spark keying a source's rows itself,
+    `spark_keys`) stays what the checkpoint started with; a checkpoint whose query ran
+    before the choice was recorded keeps the old lowering (`False`).
+
+    Args:
+        checkpoint: The checkpoint directory (`check_meta` ran).
+        name: The choice's name in `flowspark.json`.
+        wanted: What this run would choose.
+
+    Returns:
+        The choice the query runs with.
+    """
+    path = os.path.join(checkpoint, META_FILE)
+    with open(path) as f:
+        meta = json.load(f)
+    ran = os.path.exists(os.path.join(checkpoint, "query"))
+    if ran:
+        return bool(meta.get(name, False))
+    meta[name] = wanted
+    _write(path, meta)
+    return wanted
 
 
 def pinned_schemas(checkpoint: str) -> dict[str, str]:

@@ -36,6 +36,7 @@ from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink, infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan, StageSpec
 from flowspark.spark.streaming.checkpoint import (
+    check_flag,
     check_layout,
     check_meta,
     load_counts,
@@ -51,7 +52,14 @@ from flowspark.spark.streaming.routing import (
     routed_stage_function,
     routes,
 )
-from flowspark.spark.streaming.state import HOT_PER_BUCKET, LAYOUTS, STATE_SCHEMA, BucketDriver, LatestCounts
+from flowspark.spark.streaming.state import (
+    HOT_PER_BUCKET,
+    ID_COLUMN,
+    LAYOUTS,
+    STATE_SCHEMA,
+    BucketDriver,
+    LatestCounts,
+)
 from flowspark.spark.worker import dict_rows, run_stage_rows, stage_function
 
 __all__ = ["Lowering", "StreamingRun", "compile_streaming", "needs_timers", "run_streaming"]
@@ -214,6 +222,21 @@ def _per_call_stage(
     return fn
 
 
+def _number_rows(batches: Iterator[Any]) -> Iterator[Any]:
+    """Prepend `ID_COLUMN`: what `monotonically_increasing_id()` gives (`partition << 33 | position`)."""
+    import numpy as np
+    import pyarrow as pa
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    base = (ctx.partitionId() if ctx is not None else 0) << 33
+    pos = 0
+    for b in batches:
+        ids = pa.array(np.arange(base + pos, base + pos + b.num_rows, dtype=np.int64))
+        pos += b.num_rows
+        yield pa.RecordBatch.from_arrays([ids, *b.columns], names=[ID_COLUMN, *b.schema.names])
+
+
 def _progress_line(p: Any, counts: Optional[tuple[int, int]] = None) -> str:
     """The per-micro-batch line: input, rate, state (keys, pending notifications, bytes), watermark.
 
@@ -277,6 +300,7 @@ class StreamingRun:
         self._sink_fused_stage: Optional[int] = None
         self._schemas: dict[str, Any] = {}  # StructTypes of native sinks given no schema (pinned)
         self._counts: Any = None  # accumulator of the state counts (state.LatestCounts)
+        self.lowered: dict[int, str] = {}  # keyed stage -> how its input is keyed (see spark_keyed)
 
     # -- building ---------------------------------------------------------------
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
@@ -311,12 +335,20 @@ class StreamingRun:
         )
         return self.spark.readStream.format(pysource.FORMAT).options(**opts).load()
 
-    def _keyed(self, df: Any, spec: StageSpec, route: Optional[Route] = None) -> Any:
+    def _keyed(self, df: Any, spec: StageSpec, route: Optional[Route] = None, column_key: bool = False) -> Any:
         """Lower a keyed stage over `df` (with a `bucket` column) to the stateful operator."""
         sink_rows = self._fused_sink(spec) if route is None else None
         out_schema = _ROW_SCHEMA if sink_rows is None else self._sink_struct
         driver = BucketDriver(
-            spec, self.clock, sink_rows, self.timers, route, self.buckets, self.state_ttl, self._state_counts()
+            spec,
+            self.clock,
+            sink_rows,
+            self.timers,
+            route,
+            self.buckets,
+            self.state_ttl,
+            self._state_counts(),
+            column_key,
         )
         if self.layout == "key":
             # Always processing time: Spark's TTL of the per-key rows (state_ttl) needs it, and
@@ -415,14 +447,70 @@ class StreamingRun:
             chain = self._keyed(df, spec, route)
         return chain
 
+    def spark_keyed(self) -> dict[int, Any]:
+        """The keyed stages whose source rows Spark keys itself (`ColumnKey`), each with its source DataFrame.
+
+        As in the batch runtime (`flowspark.spark.batch`): the source stage's Python pass is
+        skipped, Spark hashes the key column into buckets, and the keyed stage runs the
+        source's steps on row dicts. Not in the routed lowering, and a checkpoint keeps the
+        choice it started with (`spark_keys` in `flowspark.json`).
+        """
+        from flowspark.spark.batch import column_key_refusal
+
+        if self.routes is not None:
+            return {}
+        keyed: dict[int, Any] = {}
+        for st in self.plan.stages:
+            ck = st.spec.column_key
+            if ck is None:
+                continue
+            src = self.plan.stages[ck.source_stage]
+            df = self.source_df(src)
+            why = column_key_refusal(df, ck.column)
+            self.lowered[st.spec.stage_id] = (
+                f"Spark keys on column {ck.column!r}" if why is None else f"Python key pass: {why}"
+            )
+            if why is None:
+                keyed[st.spec.stage_id] = df
+        if keyed and not check_flag(self.checkpoint, "spark_keys", True):
+            for sid in keyed:
+                self.lowered[sid] = "Python key pass: the checkpoint was started with it"
+            return {}
+        return keyed
+
+    def _column_key_input(self, spec: StageSpec, df: Any) -> Any:
+        """The source's rows numbered (`ID_COLUMN`) and bucketed on the key column, plus ticks with timers."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        ck = spec.column_key
+        assert ck is not None
+        from pyspark.sql.types import LongType, StructField, StructType
+
+        key = F.col("`" + ck.column.replace("`", "``") + "`")
+        # Spark refuses monotonically_increasing_id() on streams: the same number is added by
+        # an Arrow pass-through (no row objects), so the keyed stage can order each key's rows.
+        numbered = StructType([StructField(ID_COLUMN, LongType(), False), *df.schema.fields])
+        df = df.mapInArrow(_number_rows, numbered)
+        df = df.withColumn("bucket", F.pmod(F.hash(key), F.lit(self.buckets)))
+        if self.timers:
+            tick_bucket = F.pmod(F.hash(F.lit(None).cast("string")), F.lit(self.buckets)).alias("bucket")
+            df = df.unionByName(self._ticks(["k", "seq", "v"]).select(tick_bucket), allowMissingColumns=True)
+        return df
+
     def build(self) -> Any:
         """Build every stage's streaming DataFrame; return the last one."""
         from pyspark.sql import functions as F  # noqa: N812
 
         self._use_rocksdb()
+        spark_keyed = self.spark_keyed()
+        skipped = {self.plan.stages[s].spec.column_key.source_stage for s in spark_keyed}  # type: ignore[union-attr]
         for st in self.plan.stages:
             spec = st.spec
-            if st.kind == "source":
+            if st.kind == "source" and spec.stage_id in skipped:
+                continue  # its rows go straight to the keyed stage
+            if spec.stage_id in spark_keyed:
+                df = self._keyed(self._column_key_input(spec, spark_keyed[spec.stage_id]), spec, column_key=True)
+            elif st.kind == "source":
                 df = self._source_rows(st)
             else:
                 ins = [self.port_df(s, p, pad) for s, p, pad in st.inputs]

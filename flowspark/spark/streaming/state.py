@@ -37,12 +37,14 @@ from flowspark.runtime.driver import drive_chain, idx
 from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.routing import Route, forward_frame
-from flowspark.spark.worker import dict_rows, no_gc, run_stage_rows, stage_streams
+from flowspark.spark.worker import column_key_runs, dict_rows, no_gc, run_stage_rows, stage_streams
 
 __all__ = ["LAYOUTS", "STATE_SCHEMA", "BucketDriver", "KeyTable", "LatestCounts", "dump_state"]
 
 #: Schema of a bucket's state row (layout "bucket").
 STATE_SCHEMA = "blob binary"
+#: The row number Spark adds to a source's rows it keys itself (`BucketDriver.column_key`).
+ID_COLUMN = "__flowspark_id"
 #: State layouts: see the module docstring.
 LAYOUTS = ("bucket", "key")
 #: Key layout: the most keys of a bucket kept in its bookkeeping row (the hot tier, see `KeyTable`).
@@ -231,6 +233,9 @@ class BucketDriver:
             for this long, checked at the micro-batch's time before anything else.
         counts: A Spark accumulator (`LatestCounts`) each call reports its bucket's key
             and pending-notification counts to (the progress line's), or `None`.
+        column_key: The stage's input is its source's own rows, keyed by Spark
+            (`spec.column_key`): `ID_COLUMN` (`monotonically_increasing_id`), the source's
+            columns and `bucket`; the call runs the source stage's steps on row dicts.
     """
 
     def __init__(
@@ -243,10 +248,12 @@ class BucketDriver:
         forward_group: int = -1,
         ttl: Optional[timedelta] = None,
         counts: Any = None,
+        column_key: bool = False,
     ) -> None:
         """Describe the stage."""
         self.ttl = ttl
         self.counts = counts
+        self.column_key = column_key
         self.route = route
         self.forward_group = forward_group
         self.spec = spec
@@ -310,20 +317,35 @@ class BucketDriver:
         Raises:
             FlowsparkRuntimeError: A user callable failed.
         """
-        out: list[tuple[bytes, Any]] = []
-        if self.ttl is not None:
-            self._sweep(table, now)
         rows.sort(key=_key_seq)
         keys = [r[0] for r in rows]
         seqs = [r[1] for r in rows]
         vals = loads_all([r[2] for r in rows])
         if not self.spec.input_value_only:
             vals = list(map(_second, vals))
+        runs: list[tuple[str, list[tuple[bytes, Any]]]] = []
         i = 0
         for key, run in itertools.groupby(keys):
             j = i + len(list(run))
-            items = list(zip(seqs[i:j], vals[i:j], strict=True))
+            runs.append((key, list(zip(seqs[i:j], vals[i:j], strict=True))))
             i = j
+        return self.process_runs(table, runs, now)
+
+    def process_runs(self, table: Any, runs: Any, now: datetime) -> list[tuple[bytes, Any]]:
+        """Process one bucket's values of a micro-batch, as `(key, [(sequence, value)])` runs, then its due keys.
+
+        Args:
+            table: The bucket's state, updated in place.
+            runs: Each key's values in sequence order (any order of keys).
+            now: The time of the micro-batch.
+
+        Returns:
+            `(sequence, (key, value))` emits of the chain's last step, in order.
+        """
+        out: list[tuple[bytes, Any]] = []
+        if self.ttl is not None:
+            self._sweep(table, now)
+        for key, items in runs:
             ent = table.get(key)
             snaps = ent[0] if ent else None
             fed: list[bool] = []
@@ -439,16 +461,19 @@ class BucketDriver:
 
         if self.route is not None and bucket == self.forward_group:
             return forward_frame(pdfs, self.route.forward)
-        rows: list[tuple[str, bytes, bytes]] = []
-        for pdf in pdfs:
-            rows.extend(zip(pdf["k"].tolist(), pdf["seq"].tolist(), pdf["v"].tolist(), strict=True))
-        # Tick rows (key NULL, see pysource.TickDataSource) only make the micro-batch run.
-        rows = [r for r in rows if r[0] is not None]
         # The emits are not sorted here: whatever reads them sorts by sequence (sinks at the
         # driver, the next keyed stage), and the stateless ops after the chain work item by item.
         try:
             with use_clock(lambda: now), no_gc():
-                emits = self.process(table, rows, now)
+                if self.column_key:
+                    emits = self.process_runs(table, self._column_runs(pdfs), now)
+                else:
+                    rows: list[tuple[str, bytes, bytes]] = []
+                    for pdf in pdfs:
+                        rows.extend(zip(pdf["k"].tolist(), pdf["seq"].tolist(), pdf["v"].tolist(), strict=True))
+                    # Tick rows (key NULL, see pysource.TickDataSource) only make the micro-batch run.
+                    rows = [r for r in rows if r[0] is not None]
+                    emits = self.process(table, rows, now)
                 if self.sink_rows is not None:
                     return self._sink_frame(emits)
                 cols = run_stage_rows(self.spec, emits)
@@ -458,6 +483,25 @@ class BucketDriver:
             return None
         ps = cols[0] if self.route is None else [self.route.offset + p for p in cols[0]]
         return pd.DataFrame({"p": ps, "k": cols[1], "seq": cols[2], "v": cols[3]})
+
+    def _column_runs(self, pdfs: Iterator[Any]) -> list[tuple[str, list[tuple[bytes, Any]]]]:
+        """The per-key runs of a bucket's source rows keyed by Spark (see `column_key`)."""
+        import pandas as pd
+        import pyarrow as pa
+
+        ck = self.spec.column_key
+        assert ck is not None
+        frames = [pdf for pdf in pdfs if len(pdf)]
+        if not frames:
+            return []
+        pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        pdf = pdf[pdf[ID_COLUMN].notna()].drop(columns=["bucket"])  # tick rows have no id
+        if not len(pdf):
+            return []
+        pdf[ID_COLUMN] = pdf[ID_COLUMN].astype("int64")
+        pdf = pdf.sort_values([ck.column, ID_COLUMN], kind="stable", na_position="last")
+        batch = pa.RecordBatch.from_pandas(pdf, preserve_index=False)
+        return list(column_key_runs(self.spec, iter([batch])))
 
     def _sink_frame(self, emits: list[tuple[bytes, Any]]) -> Any:
         """The stage's items as rows of the lone file sink's schema (see `sink_rows`)."""

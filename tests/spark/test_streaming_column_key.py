@@ -1,0 +1,100 @@
+"""Streaming: Spark keys a SparkSource's rows itself (no Python pass before the keyed stage), same results."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+
+import flowspark.operators as op
+from flowspark.dataflow import Dataflow
+from flowspark.errors import FlowsparkRuntimeError
+from flowspark.spark.inputs import SparkSource
+from flowspark.testing import TestingSink, TestingSource, per_key, run_main
+
+pytestmark = [pytest.mark.spark]
+
+ROWS = [{"user": f"u{(i * 7) % 5}", "n": i % 4, "pos": i} for i in range(60)]
+
+
+def _write(spark, path: str, rows: list, files: int) -> None:
+    os.makedirs(path, exist_ok=True)
+    step = len(rows) // files
+    for f in range(files):
+        part = rows[f * step : (f + 1) * step]
+        spark.createDataFrame(part, "user STRING, n LONG, pos LONG").toPandas().to_parquet(f"{path}/f{f:03d}.parquet")
+
+
+def _sum_flow(src, out: list) -> Dataflow:
+    flow = Dataflow("ck_stream")
+    s = op.filter("no_zero", op.input("inp", flow, src), lambda r: r["n"] != 0)
+    keyed = op.key_on("key", s, lambda r: r["user"])
+    pos = op.map_value("pos", keyed, lambda r: (r["pos"], r["n"]))
+    sums = op.stateful_map("sum", pos, lambda st, v: ((st or 0) + v[1], (v[0], (st or 0) + v[1])))
+    op.output("out", sums, TestingSink(out))
+    return flow
+
+
+def test_spark_keys_a_file_stream_and_results_equal_in_memory(spark, tmp_path):
+    from flowspark.spark import run
+
+    src_dir = str(tmp_path / "in")
+    _write(spark, src_dir, ROWS, 3)
+    streamed: list = []
+    src = SparkSource(
+        "parquet", src_dir, schema="user STRING, n LONG, pos LONG", options={"maxFilesPerTrigger": "1"}, streaming=True
+    )
+    sr = run(
+        _sum_flow(src, streamed), spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", progress=False
+    )
+    assert sr is not None
+    assert sr.lowered == {1: "Spark keys on column 'user'"}
+    local: list = []
+    run_main(_sum_flow(TestingSource(ROWS), local))
+    assert per_key(streamed) == per_key(local)
+    assert len(streamed) == sum(1 for r in ROWS if r["n"] != 0)
+
+
+def test_spark_keyed_stream_with_timers_and_a_restart(spark, tmp_path):
+    """Tick rows (timers) join the Spark-keyed rows; a restart keeps the lowering the checkpoint started with."""
+    from flowspark.spark import run
+
+    src_dir, chk = str(tmp_path / "in"), str(tmp_path / "chk")
+    _write(spark, src_dir, ROWS[:30], 1)
+    src = SparkSource("parquet", src_dir, schema="user STRING, n LONG, pos LONG", streaming=True)
+    out: list = []
+
+    def flow() -> Dataflow:
+        f = Dataflow("ck_timers")
+        keyed = op.key_on("key", op.input("inp", f, src), lambda r: r["user"])
+        op.output(
+            "out",
+            op.collect("coll", op.map_value("n", keyed, lambda r: r["n"]), timedelta(hours=1), 3),
+            TestingSink(out),
+        )
+        return f
+
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False}
+    sr = run(flow(), **opts)
+    assert sr is not None
+    assert sr.lowered == {1: "Spark keys on column 'user'"}
+    _write(spark, src_dir + "_2", ROWS[30:], 1)
+    os.rename(f"{src_dir}_2/f000.parquet", f"{src_dir}/f001.parquet")
+    run(flow(), **opts)
+    got = per_key(out)
+    want: dict = {}
+    for r in ROWS:
+        want.setdefault(r["user"], []).append(r["n"])
+    # collect emits full lists of 3; every user has 12 rows: 4 lists each, in input order.
+    assert {k: [x for lst in v for x in lst] for k, v in got.items()} == want
+
+
+def test_a_null_key_in_a_spark_keyed_stream_names_the_step(spark, tmp_path):
+    from flowspark.spark import run
+
+    src_dir = str(tmp_path / "in")
+    _write(spark, src_dir, [{"user": None, "n": 1, "pos": 0}, {"user": "a", "n": 1, "pos": 1}], 1)
+    src = SparkSource("parquet", src_dir, schema="user STRING, n LONG, pos LONG", streaming=True)
+    with pytest.raises(FlowsparkRuntimeError, match=r"step .ck_stream\.key.: key function must return a str"):
+        run(_sum_flow(src, []), spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", progress=False)
