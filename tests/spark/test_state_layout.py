@@ -49,34 +49,6 @@ def test_key_layout_running_count_and_resume(spark, tmp_path, monkeypatch, hot):
         run(_count_flow(root, []), state_layout="bucket", **opts)
 
 
-def test_key_layout_timeouts_fire_for_idle_keys(spark, tmp_path, tiny_hot_tier):
-    """Notifications of the key layout: the bucket's bookkeeping row knows which keys wait, on an injected clock."""
-    from flowspark.spark import run
-
-    root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
-    clock = FileClock(str(tmp_path / "now.txt"))
-    clock.set(T0)
-    write_jsonl(f"{root}/a/0001.jsonl", [{"user": "amy"}, {"user": "bob"}, {"user": "amy"}])
-    out: list = []
-    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False, "clock": clock}
-    opts["buckets"] = 1  # amy and bob share a bucket: one of them lives in a MapState row
-    run(_active_flow(root, out), state_layout="key", **opts)
-    assert sorted(out) == [("amy", ("active", 1)), ("amy", ("active", 2)), ("bob", ("active", 1))]
-    clock.set(T0 + timedelta(minutes=10))
-    write_jsonl(f"{root}/a/0002.jsonl", [{"user": "amy"}])
-    out.clear()
-    run(_active_flow(root, out), **opts)
-    assert out == [("amy", ("active", 3))]
-    clock.set(T0 + timedelta(minutes=35))
-    out.clear()
-    run(_active_flow(root, out), **opts)
-    assert out == [("bob", ("ended", 1))]
-    clock.set(T0 + timedelta(minutes=41))
-    out.clear()
-    run(_active_flow(root, out), **opts)
-    assert out == [("amy", ("ended", 3))]
-
-
 def test_key_layout_chain_of_stateful_steps(spark, tmp_path, tiny_hot_tier):
     from flowspark.spark import run
 

@@ -92,9 +92,16 @@ def _active_flow(root: str, out: list) -> Dataflow:
     return flow
 
 
-def test_timeouts_fire_for_idle_keys(spark, tmp_path):
-    """The active-user example: a user idle for 30 minutes gets ('ended', n), on an injected clock."""
+@pytest.mark.parametrize("layout", ["bucket", "key"])
+def test_timeouts_fire_for_idle_keys(spark, tmp_path, monkeypatch, layout):
+    """The active-user example: a user idle for 30 minutes gets ('ended', n), on an injected clock.
+
+    In the key layout with a one-key hot tier and one bucket, one of the two users lives in a
+    MapState row: the bucket's bookkeeping row must know it waits for a notification.
+    """
     from flowspark.spark import run
+
+    monkeypatch.setattr("flowspark.spark.streaming.state.HOT_PER_BUCKET", 1)
 
     root = str(tmp_path / "in")
     chk = str(tmp_path / "chk")
@@ -103,7 +110,8 @@ def test_timeouts_fire_for_idle_keys(spark, tmp_path):
     write_jsonl(f"{root}/a/0001.jsonl", [{"user": "amy"}, {"user": "bob"}, {"user": "amy"}])
     out: list = []
     opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False, "clock": clock}
-    run(_active_flow(root, out), **opts)
+    opts["buckets"] = 1
+    run(_active_flow(root, out), state_layout=layout, **opts)
     assert sorted(out) == [("amy", ("active", 1)), ("amy", ("active", 2)), ("bob", ("active", 1))]
     # 10 minutes later amy is active again: nobody is idle for 30 minutes yet.
     clock.set(T0 + timedelta(minutes=10))
