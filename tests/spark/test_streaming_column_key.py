@@ -36,7 +36,8 @@ def _sum_flow(src, out: list) -> Dataflow:
     return flow
 
 
-def test_spark_keys_a_file_stream_and_results_equal_in_memory(spark, tmp_path):
+@pytest.mark.parametrize("layout", ["bucket", "key"])
+def test_spark_keys_a_file_stream_and_results_equal_in_memory(spark, tmp_path, layout):
     from flowspark.spark import run
 
     src_dir = str(tmp_path / "in")
@@ -45,9 +46,8 @@ def test_spark_keys_a_file_stream_and_results_equal_in_memory(spark, tmp_path):
     src = SparkSource(
         "parquet", src_dir, schema="user STRING, n LONG, pos LONG", options={"maxFilesPerTrigger": "1"}, streaming=True
     )
-    sr = run(
-        _sum_flow(src, streamed), spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", progress=False
-    )
+    opts = {"spark": spark, "checkpoint": str(tmp_path / "chk"), "trigger": "available_now", "progress": False}
+    sr = run(_sum_flow(src, streamed), state_layout=layout, **opts)
     assert sr is not None
     assert sr.lowered == {1: "Spark keys on column 'user'"}
     local: list = []

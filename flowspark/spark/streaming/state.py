@@ -495,6 +495,8 @@ class BucketDriver:
         if not frames:
             return []
         pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        # The number is the first column (transformWithStateInPandas hands it over as `_0`).
+        pdf = pdf.rename(columns={pdf.columns[0]: ID_COLUMN})
         pdf = pdf[pdf[ID_COLUMN].notna()].drop(columns=["bucket"])  # tick rows have no id
         if not len(pdf):
             return []
