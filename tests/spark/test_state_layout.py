@@ -145,3 +145,19 @@ def test_progress_line_counts_pending_timers(spark, tmp_path):
     opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": lines.append, "clock": clock}
     run(_active_flow(root, []), state_layout="key", **opts)
     assert "state 2 keys, 2 timers pending" in lines[-1], lines
+
+
+def test_state_ttl_may_change_between_runs_of_a_key_layout_checkpoint(spark, tmp_path):
+    """Spark keeps a TTL with the MapState: a restart with another state_ttl (or none) still runs."""
+    from flowspark.spark import run
+
+    root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
+    os.makedirs(f"{root}/b")
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False}
+    outs: list = []
+    for n, ttl in enumerate([timedelta(hours=1), None, timedelta(hours=2)]):
+        write_jsonl(f"{root}/a/{n:04d}.jsonl", [{"user": "amy"}])
+        out: list = []
+        run(_count_flow(root, out), state_layout="key", state_ttl=ttl, **opts)
+        outs.extend(out)
+    assert outs == [("amy", 1), ("amy", 2), ("amy", 3)]

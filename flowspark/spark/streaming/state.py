@@ -47,6 +47,8 @@ STATE_SCHEMA = "blob binary"
 ID_COLUMN = "__flowspark_id"
 #: State layouts: see the module docstring.
 LAYOUTS = ("bucket", "key")
+#: Key layout: Spark's TTL of the per-key rows when the run has no `state_ttl` (see `key_processor`).
+_NO_TTL = timedelta(days=36500)
 #: Key layout: the most keys of a bucket kept in its bookkeeping row (the hot tier, see `KeyTable`).
 HOT_PER_BUCKET = 1024
 #: Key layout: name and schemas of the per-key MapState and of the bucket's bookkeeping ValueState.
@@ -596,7 +598,9 @@ class BucketDriver:
 
         driver = self
         hot_cap = HOT_PER_BUCKET  # read now: the workers get the value
-        ttl_ms = None if ttl is None else max(1, int(ttl / timedelta(milliseconds=1)))
+        # Spark stores a TTL with each MapState row when one is configured, so a checkpoint cannot
+        # switch between with and without: without state_ttl the rows get a TTL of 100 years.
+        ttl_ms = max(1, int((ttl or _NO_TTL) / timedelta(milliseconds=1)))
 
         class KeyProcessor(StatefulProcessor):
             def init(self, handle: Any) -> None:
