@@ -490,6 +490,7 @@ class BucketDriver:
         """The per-key runs of a bucket's source rows keyed by Spark (see `column_key`)."""
         import pandas as pd
         import pyarrow as pa
+        import pyarrow.compute as pc
 
         ck = self.spec.column_key
         assert ck is not None
@@ -498,14 +499,15 @@ class BucketDriver:
             return []
         pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         # The number is the first column (transformWithStateInPandas hands it over as `_0`).
-        pdf = pdf.rename(columns={pdf.columns[0]: ID_COLUMN})
-        pdf = pdf[pdf[ID_COLUMN].notna()].drop(columns=["bucket"])  # tick rows have no id
-        if not len(pdf):
+        pdf = pdf.rename(columns={pdf.columns[0]: ID_COLUMN}).drop(columns=["bucket"])
+        table = pa.Table.from_pandas(pdf, preserve_index=False)
+        table = table.filter(pc.is_valid(table.column(ID_COLUMN)))  # tick rows have no number
+        if not table.num_rows:
             return []
-        pdf[ID_COLUMN] = pdf[ID_COLUMN].astype("int64")
-        pdf = pdf.sort_values([ck.column, ID_COLUMN], kind="stable", na_position="last")
-        batch = pa.RecordBatch.from_pandas(pdf, preserve_index=False)
-        return list(column_key_runs(self.spec, iter([batch])))
+        table = table.set_column(0, ID_COLUMN, table.column(0).cast(pa.int64()))
+        # Arrow orders strings by UTF-8 bytes: Python's order of str; null keys last.
+        table = table.take(pc.sort_indices(table, sort_keys=[(ck.column, "ascending"), (ID_COLUMN, "ascending")]))
+        return list(column_key_runs(self.spec, iter(table.combine_chunks().to_batches())))
 
     def _sink_frame(self, emits: list[tuple[bytes, Any]]) -> Any:
         """The stage's items as rows of the lone file sink's schema (see `sink_rows`)."""
