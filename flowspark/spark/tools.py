@@ -342,7 +342,8 @@ def _key_layout_state(reader: Any, path: str) -> dict[str, Any]:
 
     table: dict[str, Any] = {}
     for row in reader.option("stateVarName", ENTRIES[0]).load(path).collect():
-        key, blob = row["user_map_key"][ENTRIES[1].split()[0]], row["user_map_value"][0]
+        # The value is (entry) or, with Spark's TTL on the rows, ((entry), ttlExpirationMs).
+        key, blob = row["user_map_key"][ENTRIES[1].split()[0]], _first_binary(row["user_map_value"])
         if blob is not None:
             table[key] = pickle.loads(blob)  # noqa: S301 - our own checkpoint
     for row in reader.option("stateVarName", META[0]).load(path).select("value").collect():
