@@ -54,6 +54,8 @@ def test_spark_keys_a_file_stream_and_results_equal_in_memory(spark, tmp_path, l
     run_main(_sum_flow(TestingSource(ROWS), local))
     assert per_key(streamed) == per_key(local)
     assert len(streamed) == sum(1 for r in ROWS if r["n"] != 0)
+    keyed = sr.plan.stages[1]
+    assert "(stage0's rows, numbered by an Arrow pass) -> groupBy(pmod(hash(user), 64))" in sr.lowering.stage(keyed)
 
 
 def test_spark_keyed_stream_with_timers_and_a_restart(spark, tmp_path):

@@ -182,6 +182,15 @@ class Lowering:
                 )
             return f"(routed chain) -> mapInArrow over {st.union()}, forwarding the rest"
         if st.kind == "keyed":
+            ck = st.spec.column_key
+            if ck is not None:
+                col = ck.column
+                return (
+                    f"(stage{ck.source_stage}'s rows, numbered by an Arrow pass{tick}) -> groupBy(pmod(hash({col}), "
+                    f"{self.buckets})).{self.keyed_op()}, running stage {ck.source_stage}'s steps on row dicts; "
+                    f"when {col!r} is not a plain string column (or the checkpoint started otherwise): "
+                    f"({st.union()}{tick}) -> groupBy(pmod(hash(k), {self.buckets}))"
+                )
             return f"({st.union()}{tick}) -> groupBy(pmod(hash(k), {self.buckets})).{self.keyed_op()}"
         return f"({st.union()}) -> mapInArrow"
 
