@@ -26,6 +26,7 @@ Time: notifications (`notify_at`) are checked after every pass against
 from __future__ import annotations
 
 import heapq
+import logging
 import pickle
 import time
 from collections.abc import Iterable
@@ -35,6 +36,8 @@ from typing import Any, Callable, Optional
 from flowspark import ir
 from flowspark._args import ttl_arg
 from flowspark._time import use_clock, utc_now
+from flowspark.deadletter import DeadLetters, dead_letter_arg, dead_letter_step
+from flowspark.deadletter import record as dead_record
 from flowspark.errors import (
     FlowsparkCompileError,
     FlowsparkError,
@@ -51,10 +54,11 @@ from flowspark.logic import StatefulBatchLogic
 from flowspark.operators import _check_bool
 from flowspark.outputs import DynamicSink, FixedPartitionedSink, route_to_parts
 from flowspark.recovery import DELETED, RecoveryConfig, RecoveryStore
-from flowspark.runtime.driver import NOT_FOUND, StepDriver, failing_item
+from flowspark.runtime.driver import NOT_FOUND, StepDriver, bad_item_error, failing_item
 
 __all__ = ["LogicalClock", "run_main"]
 
+_log = logging.getLogger("flowspark")
 _BATCH_TARGET = 1024
 _IDLE_SLEEP = 0.001
 
@@ -294,13 +298,16 @@ class _MapRt(_Rt):
         if items:
             bounds = ex.take_bounds(self.up) if self.down in ex.needs_bounds else None
             if bounds is None or self.keeps_bounds:
-                out = self._call(items)
+                counts: list[int] = []
+                out = self._call(ex, items, counts)
+                if counts and bounds is not None and bounds is not _SINGLES:
+                    bounds = _remap_bounds(bounds, counts)  # items went to the dead letter
             else:
                 # Keep the activations apart: the mapper runs once per source batch, as in Bytewax.
                 out = []
                 ends: list[int] = []
                 for seg in _segments(items, bounds):
-                    out.extend(self._call(seg))
+                    out.extend(self._call(ex, seg, []))
                     if len(out) != (ends[-1] if ends else 0):
                         ends.append(len(out))
                 bounds = None if len(ends) <= 1 else _SINGLES if len(ends) == len(out) else ends
@@ -308,7 +315,12 @@ class _MapRt(_Rt):
                 ex.emit(self.down, out, bounds)
         self.eof = ex.is_eof(self.up)
 
-    def _call(self, items: list[Any]) -> list[Any]:
+    def _call(self, ex: _Executor, items: list[Any], counts: list[int]) -> list[Any]:
+        """Run the mapper over a batch; with a dead letter, item by item once the batch failed.
+
+        `counts` receives the number of outputs of each item when the batch was redone
+        item by item (else stays empty).
+        """
         out: list[Any]
         try:
             res = self.fn(list(items) if self.copy_input else items)
@@ -317,14 +329,37 @@ class _MapRt(_Rt):
             elif isinstance(res, Iterable):
                 out = list(res)
             else:
-                msg = (
-                    f"step {self.step_id!r}: mapper must return an iterable (e.g. a list) for "
-                    f"each batch; returned {res!r} of type {type(res).__name__}"
-                )
-                raise FlowsparkTypeError(msg)
+                raise self._not_iterable(res)
         except Exception as e:
+            if ex.dead is not None and self.locate:
+                return self._each(ex, items, counts)
             bad = failing_item(self.fn, list(items)) if self.locate else NOT_FOUND
             raise step_error(self.step_id, e, item=bad) if bad is not NOT_FOUND else _fail(self.step_id, e) from e
+        return out
+
+    def _not_iterable(self, res: Any) -> FlowsparkTypeError:
+        msg = (
+            f"step {self.step_id!r}: mapper must return an iterable (e.g. a list) for "
+            f"each batch; returned {res!r} of type {type(res).__name__}"
+        )
+        return FlowsparkTypeError(msg)
+
+    def _each(self, ex: _Executor, items: list[Any], counts: list[int]) -> list[Any]:
+        """The mapper over each item alone: items it fails on go to the dead letter."""
+        assert ex.dead is not None
+        out: list[Any] = []
+        for x in items:
+            try:
+                res = self.fn([x])
+                if not isinstance(res, Iterable):
+                    raise self._not_iterable(res)
+                ys = list(res)
+            except Exception as e:  # noqa: BLE001
+                ex.dead.append(dead_record(self.step_id, e, x))
+                counts.append(0)
+                continue
+            out.extend(ys)
+            counts.append(len(ys))
         return out
 
 
@@ -345,7 +380,7 @@ class _BranchRt(_Rt):
             t_ends: list[int] = []
             f_ends: list[int] = []
             for seg in (items,) if bounds is None or bounds is _SINGLES else _segments(items, bounds):
-                self._split(seg, trues, falses)
+                self._split(ex, seg, trues, falses)
                 if len(trues) != (t_ends[-1] if t_ends else 0):
                     t_ends.append(len(trues))
                 if len(falses) != (f_ends[-1] if f_ends else 0):
@@ -361,20 +396,20 @@ class _BranchRt(_Rt):
                 ex.emit(node.falses, falses, f_bounds)
         self.eof = ex.is_eof(self.up)
 
-    def _split(self, items: list[Any], trues: list[Any], falses: list[Any]) -> None:
+    def _split(self, ex: _Executor, items: list[Any], trues: list[Any], falses: list[Any]) -> None:
         pred = self.node.predicate
-        x = None
-        try:
-            for x in items:
+        dead = ex.dead
+        for x in items:
+            try:
                 r = pred(x)
-                if r is True:
-                    trues.append(x)
-                elif r is False:
-                    falses.append(x)
-                else:
+                if r is not True and r is not False:
                     _check_bool(self.step_id, "branch predicate", x, r)
-        except Exception as e:
-            raise step_error(self.step_id, e, item=x) from e
+            except Exception as e:
+                if dead is None:
+                    raise step_error(self.step_id, e, item=x) from e
+                dead.append(dead_record(self.step_id, e, x))
+                continue
+            (trues if r else falses).append(x)
 
 
 class _MergeRt(_Rt):
@@ -454,6 +489,8 @@ class _StatefulRt(_Rt):
     def step(self, ex: _Executor) -> None:
         items = ex.take(self.up)
         bounds = ex.take_bounds(self.up) if items else None
+        if items and ex.dead is not None:
+            items, bounds = self._screen(ex.dead, items, bounds)
         out_ends: Optional[list[int]] = [] if self.down in ex.needs_bounds else None
         out, touched = self._process(ex, items, bounds, out_ends)
         if self.reference is not None:
@@ -463,6 +500,21 @@ class _StatefulRt(_Rt):
         if out:
             ex.emit(self.down, out, None if out_ends is None or len(out_ends) <= 1 else out_ends)
         self.eof = self.eof_done
+
+    def _screen(self, dead: list[dict[str, Any]], items: list[Any], bounds: Any) -> tuple[list[Any], Any]:
+        """Send items that are not `(str key, value)` to the dead letter; keep the others (and their bounds)."""
+        ok = [isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str) for kv in items]
+        if all(ok):
+            return items, bounds
+        kept: list[Any] = []
+        for good, kv in zip(ok, items, strict=True):
+            if good:
+                kept.append(kv)
+            else:
+                dead.append(dead_record(self.step_id, bad_item_error(self.step_id, kv), kv))
+        if bounds is not None and bounds is not _SINGLES:
+            bounds = _remap_bounds(bounds, list(map(int, ok)))
+        return kept, bounds
 
     def _process(
         self, ex: _Executor, items: list[Any], bounds: Any, out_ends: Optional[list[int]] = None
@@ -638,9 +690,13 @@ class _Executor:
         fixed_time: bool = False,
         roundtrip_state: bool = False,
         state_ttl: Optional[timedelta] = None,
+        dead_letter: Optional[DeadLetters] = None,
     ) -> None:
         self.graph = graph
         self.state_ttl = state_ttl
+        #: The dead letter's writer, and the records of the current pass (`None`: no dead letter).
+        self.dead_letter = dead_letter
+        self.dead: Optional[list[dict[str, Any]]] = None if dead_letter is None else []
         self.epoch_interval = epoch_interval
         self.store = store
         self.clock = clock
@@ -758,6 +814,10 @@ class _Executor:
         self.vals = {}
         if self.bounds:
             self.bounds = {}
+        if self.dead:
+            assert self.dead_letter is not None
+            self.dead_letter.write(self.dead, self.epoch)
+            self.dead = []
 
     def all_eof(self) -> bool:
         return all(rt.eof for rt in self.rts)
@@ -843,6 +903,19 @@ def _segments(items: list[Any], bounds: Any) -> Iterable[list[Any]]:
     return (items[a:b] for a, b in zip(starts, bounds, strict=True))
 
 
+def _remap_bounds(bounds: list[int], counts: list[int]) -> Any:
+    """Activation bounds of a step's outputs, given each input's number of outputs."""
+    cum = [0]
+    for c in counts:
+        cum.append(cum[-1] + c)
+    ends: list[int] = []
+    for e in bounds:
+        end = cum[e]
+        if end and (not ends or ends[-1] != end):
+            ends.append(end)
+    return None if len(ends) <= 1 else ends
+
+
 def _leading_to_stateful(graph: ir.Graph) -> set[str]:
     """Streams from which a stateful step can be reached."""
     consumers = graph.consumers()
@@ -891,6 +964,7 @@ def run_main(
     start_time: Optional[datetime] = None,
     roundtrip_state: bool = False,
     state_ttl: Optional[timedelta] = None,
+    dead_letter: Any = None,
 ) -> None:
     """Run a dataflow to completion in this thread with the in-memory executor.
 
@@ -922,6 +996,10 @@ def run_main(
             value starts from fresh state. Default: state lives until its logic discards
             it. With `clock="fixed"` time stands still, so nothing expires. See
             docs/concepts.md "State TTL".
+        dead_letter: Where items a step cannot take go instead of stopping the run (see
+            `flowspark.deadletter`): a `DynamicSink` such as `DeadLetterDir(path)` or
+            `TestingSink(list)`, or a directory path (parquet files). Each row's
+            `batch_id` is the epoch. Default: the run fails naming the step.
 
     Raises:
         FlowsparkRuntimeError: A user callable failed; names the step and chains the error.
@@ -960,6 +1038,8 @@ def run_main(
         msg = f"run_main: clock must be 'system', 'logical' or 'fixed'; received {clock!r}"
         raise ValueError(msg)
     state_ttl = ttl_arg("run_main", state_ttl)
+    dead_sink = dead_letter_arg("run_main", dead_letter)
+    dead = None if dead_sink is None else DeadLetters(dead_sink, dead_letter_step(flow.flow_id))
     store = RecoveryStore(recovery_config) if recovery_config is not None else None
     logical = None
     if clock == "logical":
@@ -975,6 +1055,7 @@ def run_main(
             fixed_time=clock == "fixed",
             roundtrip_state=roundtrip_state,
             state_ttl=state_ttl,
+            dead_letter=dead,
         )
         if logical is not None:
             with use_clock(logical.get):
@@ -984,3 +1065,7 @@ def run_main(
     finally:
         if store is not None:
             store.close()
+        if dead is not None:
+            dead.close()
+            if dead.count:
+                _log.warning("flowspark: %d item(s) went to the dead letter %r", dead.count, dead_sink)

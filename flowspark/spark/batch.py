@@ -17,6 +17,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
 
 from flowspark._args import ttl_arg
+from flowspark.deadletter import dead_letter_arg
 from flowspark.errors import (
     FlowsparkCompileError,
     FlowsparkError,
@@ -163,6 +164,9 @@ class _Job:
         self.inputs: dict[int, tuple[Any, bool]] = {}
         #: How each keyed stage with a `ColumnKey` was lowered (for `explain` and tests).
         self.lowered: dict[int, str] = {}
+        #: With a dead letter: `(seq, v)` DataFrames of the items native sinks refused, and the writer.
+        self.misfits: list[Any] = []
+        self.dead: Any = None
 
     # -- building DataFrames ------------------------------------------------
     def uses(self) -> dict[int, int]:
@@ -174,6 +178,8 @@ class _Job:
         driver_stages |= {ins.port[0] for ins in self.plan.inspects}
         for s in driver_stages:
             n[s] = n.get(s, 0) + 1
+        for s, _p in self.plan.dead_ports():
+            n[s] = n.get(s, 0) + 1  # the dead letter's read
         for sk in self.plan.sinks:
             if sk.where != "driver":
                 n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if sk.where == "native" and sk.sink.schema is None else 1)
@@ -311,6 +317,31 @@ class _Job:
             elif sk.where == "native":
                 self.write_native(sk)
         self.collect_driver()
+        if self.plan.dead_letter is not None:
+            self.write_dead_letter()
+
+    def write_dead_letter(self) -> None:
+        """Collect every stage's dead-letter rows (and the sinks' misfits) and write them, in sequence order."""
+        import pyarrow.compute as pc
+        from pyspark.sql import functions as F  # noqa: N812
+
+        from flowspark.deadletter import dead_letter_step
+        from flowspark.spark.outputs import SparkDeadLetters
+
+        parts = [self.dfs[s].filter(F.col("p") == p).select("seq", "v") for s, p in self.plan.dead_ports() if s in self.dfs]
+        parts.extend(self.misfits)
+        df = parts[0]
+        for other in parts[1:]:
+            df = df.union(other)
+        table = _action(df.toArrow)
+        if table.num_rows:
+            table = table.take(pc.sort_indices(table, sort_keys=[("seq", "ascending")]))
+        rows = loads_all(table.column("v").to_pylist()) if table.num_rows else []
+        self.dead = SparkDeadLetters(self.spark, self.plan.dead_letter, dead_letter_step(self.plan.flow_id), False)
+        self.dead.write(rows, 0)
+        self.dead.close()
+        if rows:
+            _log.warning("flowspark: %d item(s) went to the dead letter %r", len(rows), self.plan.dead_letter)
 
     def write_dynamic(self, sk: SinkPlan) -> None:
         df = self.port_df(*sk.port)
@@ -342,13 +373,18 @@ class _Job:
 
         df = self.port_df(*sk.port)
         schema = sk.sink.schema
-        fused = sk.only_reader and schema is not None
+        dead_letter = self.plan.dead_letter is not None
+        fused = sk.only_reader and schema is not None and not dead_letter
         if schema is None:
             # Inferred from the first 100 items of the stage's output, which is persisted
             # and materialized first (`uses`): stopping a Python stage after 100 items
             # would leave a broken-pipe trace from its worker on the console.
             sample = [loads(r.v) for r in _action(lambda: df.select("v").limit(100).collect())]
+            if dead_letter:
+                sample = [x for x in sample if isinstance(x, dict)]  # the others go to the dead letter
             if not sample:
+                if dead_letter:
+                    self.misfits.append(df.mapInArrow(_misfits(sk.step_id, None), "seq binary, v binary"))
                 return
             schema = infer_schema(self.spark, sk.step_id, sample)
         elif isinstance(schema, str):
@@ -363,7 +399,9 @@ class _Job:
             )
             rows = inp.mapInArrow(fn, schema)
         else:
-            rows = df.mapInArrow(_to_rows(sk.step_id, arrow_schema), schema)
+            rows = df.mapInArrow(_to_rows(sk.step_id, arrow_schema, dead_letter), schema)
+            if dead_letter:
+                self.misfits.append(df.mapInArrow(_misfits(sk.step_id, arrow_schema), "seq binary, v binary"))
         write_rows(sk.step_id, sk.sink, rows)
 
     def collect_driver(self) -> None:
@@ -526,12 +564,43 @@ def _fixed_writer(step_id: str, sink: Any, keys: list[str]) -> Callable[[Iterato
     return _guard(step_id, body)
 
 
-def _to_rows(step_id: str, arrow_schema: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def _to_rows(step_id: str, arrow_schema: Any, skip_misfits: bool = False) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """Port rows -> the sink's rows; with `skip_misfits`, items that do not fit are left out (see `_misfits`)."""
+
     def body(batches: Iterator[Any]) -> Iterator[Any]:
         for b in batches:
             items = loads_all(b.column(2).to_pylist())
             if items:
-                yield dict_rows(step_id, items, arrow_schema)
+                yield dict_rows(step_id, items, arrow_schema, [] if skip_misfits else None)
+
+    return _guard(step_id, body)
+
+
+def _misfits(step_id: str, arrow_schema: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """Port rows -> `(seq, pickled dead-letter record)` of the items a `SparkSink` cannot write.
+
+    `arrow_schema` `None`: no item could give a schema (none is a dict): every item is refused.
+    """
+
+    def body(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for b in batches:
+            items = loads_all(b.column(2).to_pylist())
+            dead: list[Any] = []
+            if arrow_schema is None:
+                from flowspark.deadletter import record
+                from flowspark.spark.worker import not_dict_error
+
+                dead = [(i, record(step_id, not_dict_error(step_id, x), x)) for i, x in enumerate(items)]
+            elif items:
+                dict_rows(step_id, items, arrow_schema, dead)
+            if dead:
+                seqs = b.column(1).to_pylist()
+                yield pa.RecordBatch.from_arrays(
+                    [pa.array([seqs[i] for i, _r in dead], pa.binary()), pa.array([dumps(r) for _i, r in dead], pa.binary())],
+                    names=["seq", "v"],
+                )
 
     return _guard(step_id, body)
 
@@ -545,6 +614,7 @@ def run_plan(
     chunk_size: int = 20_000,
     explain: bool = False,
     state_ttl: Optional[timedelta] = None,
+    dead_letter: Any = None,
 ) -> None:
     """Run a compiled plan on Spark as batch jobs; return when it is done.
 
@@ -566,6 +636,11 @@ def run_plan(
         state_ttl: Checked and accepted as on the other runtimes, but a batch job
             processes every item at one logical time (`start_time`), so no key is ever
             idle and nothing expires (as with `run_main(clock="fixed")`).
+        dead_letter: Where items a step cannot take go instead of failing the job
+            (`flowspark.deadletter`): a `DeadLetterDir(path)` or a directory path (parquet,
+            `batch_id=0`), a `SparkSink`, `ForeachBatchSink` or a sink written at the driver
+            (`TestingSink`). Costs: each stage's output is persisted, and a `SparkSink` is
+            written by a pass of its own (see docs/spark.md "Dead letter").
 
     Raises:
         FlowsparkRuntimeError: A user callable failed (names the step, carries the
@@ -589,6 +664,7 @@ def run_plan(
     from flowspark.spark.session import ensure_workers, ship_user_modules
 
     ttl_arg("flowspark.spark.run", state_ttl)
+    plan = plan.with_dead_letter(dead_letter_arg("flowspark.spark.run", dead_letter))
     ship_user_modules()
     check_bounded(plan)
     if start_time is None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+from flowspark.deadletter import FIELDS, SCHEMA, DeadLetterDir, DeadLetters
 from flowspark.errors import FlowsparkError, FlowsparkTypeError, short_repr, step_error
 from flowspark.outputs import Sink
 from flowspark.spark.codec import decode_task_error
 from flowspark.spark.worker import not_dict_error
 
-__all__ = ["ForeachBatchSink", "SparkSink", "infer_schema", "write_rows"]
+__all__ = ["ForeachBatchSink", "SparkDeadLetters", "SparkSink", "infer_schema", "write_rows"]
 
 _FORMATS = ("parquet", "json", "csv", "orc", "table")
 _MODES = ("overwrite", "append", "error", "errorifexists", "ignore")
@@ -234,3 +235,64 @@ def infer_schema(spark: Any, step_id: str, items: list[Any]) -> Any:
             f"({type(e).__name__}: {e}); pass the sink a schema, e.g. schema='user STRING, n LONG'"
         )
         raise step_error(step_id, e, message=msg) from e
+
+
+class SparkDeadLetters:
+    """Writes a Spark run's dead-letter rows from the driver (`flowspark.deadletter`).
+
+    A `DeadLetterDir` is written by Spark, one `batch_id=N` directory per batch replaced
+    as a whole (dynamic partition overwrite): a micro-batch replayed after a crash
+    rewrites its own rows, so each dead item is there once. A `SparkSink` or
+    `ForeachBatchSink` gets a DataFrame of the rows (its own guarantees: appended per
+    micro-batch, at-least-once); any other sink (`TestingSink`, `StdOutSink`, a
+    `DynamicSink`) is written at the driver.
+
+    Args:
+        spark: The SparkSession.
+        sink: The dead-letter sink.
+        step_id: The id failures are reported under (`dead_letter_step`).
+        stream: Whether the run is a stream (`write_batch` with the micro-batch id).
+    """
+
+    def __init__(self, spark: Any, sink: Any, step_id: str, stream: bool) -> None:
+        """Open the sink."""
+        self.spark = spark
+        self.sink = sink
+        self.step_id = step_id
+        self.stream = stream
+        native = isinstance(sink, (DeadLetterDir, SparkSink, ForeachBatchSink))
+        self.driver: Optional[DeadLetters] = None if native else DeadLetters(sink, step_id)
+        self.count = 0
+
+    def write(self, rows: list[dict[str, Any]], batch_id: int) -> None:
+        """Write one batch's rows.
+
+        Args:
+            rows: Records (`flowspark.deadletter.record`), in order.
+            batch_id: The micro-batch id (0 in a batch job).
+        """
+        if not rows:
+            return
+        if self.driver is not None:
+            self.driver.write(rows, batch_id)
+            self.count += len(rows)
+            return
+        try:
+            df = self.spark.createDataFrame([(*(r[f] for f in FIELDS[:-1]), batch_id) for r in rows], SCHEMA)
+        except Exception as e:
+            raise step_error(self.step_id, e) from e
+        sink = self.sink
+        if isinstance(sink, DeadLetterDir):
+            try:
+                w = df.write.mode("overwrite").option("partitionOverwriteMode", "dynamic").partitionBy("batch_id")
+                w.format(sink.format).save(sink.path)
+            except Exception as e:
+                raise step_error(self.step_id, e) from e
+        else:
+            write_rows(self.step_id, sink, df, batch_id if self.stream else None)
+        self.count += len(rows)
+
+    def close(self) -> None:
+        """Close a sink written at the driver."""
+        if self.driver is not None:
+            self.driver.close()

@@ -18,12 +18,18 @@ its own lowering (`describe`), which `print(plan)` and `flowspark plan --spark` 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from flowspark.runtime.driver import StepDriver
 
-__all__ = ["ColumnKey", "InspectPlan", "KeyedStep", "Op", "Plan", "Port", "SinkPlan", "StagePlan", "StageSpec"]
+#: The port of every stage's dead-letter rows (`flowspark.deadletter`): `v` holds a pickled
+#: record, `seq` the dead item's sequence. Stages have far fewer ports (and routes keep
+#: `ROUTE` = 1024 ports per stage).
+DEAD_PORT = 1023
+
+__all__ = ["DEAD_PORT", "ColumnKey", "InspectPlan", "KeyedStep", "Op", "Plan", "Port", "SinkPlan", "StagePlan", "StageSpec"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,8 @@ class StageSpec:
     whether its input rows carry only the value in `v` (see `Port.value_only`).
     `depth_in`: for a keyed stage, the sequence length of its input stream.
     `column_key`: for a keyed stage, set when Spark can key its input (`ColumnKey`).
+    `dead_letter`: the run has a dead letter: items a stateless step, a key check or a
+    `SparkSink`'s schema refuses leave the stage on `DEAD_PORT` instead of failing it.
     """
 
     stage_id: int
@@ -136,6 +144,7 @@ class StageSpec:
     input_value_only: bool = False
     depth_in: int = 0
     column_key: Optional[ColumnKey] = None
+    dead_letter: bool = False
 
 
 @dataclass(frozen=True)
@@ -207,6 +216,31 @@ class Plan:
     stages: tuple[StagePlan, ...]
     sinks: tuple[SinkPlan, ...]
     inspects: tuple[InspectPlan, ...]
+    dead_letter: Any = None
+
+    def with_dead_letter(self, sink: Any) -> Plan:
+        """This plan with a dead letter (`flowspark.deadletter`): every stage sends refused items to `DEAD_PORT`.
+
+        Args:
+            sink: The dead-letter sink, or `None` (the plan is returned unchanged).
+
+        Returns:
+            The plan.
+        """
+        if sink is None:
+            return self
+        stages = tuple(dataclasses.replace(st, spec=dataclasses.replace(st.spec, dead_letter=True)) for st in self.stages)
+        return dataclasses.replace(self, stages=stages, dead_letter=sink)
+
+    def dead_ports(self) -> list[tuple[int, int]]:
+        """The dead-letter port of every stage (empty without a dead letter).
+
+        Returns:
+            `(stage id, DEAD_PORT)` pairs.
+        """
+        if self.dead_letter is None:
+            return []
+        return [(st.spec.stage_id, DEAD_PORT) for st in self.stages]
 
     @property
     def bounded(self) -> bool:
@@ -251,4 +285,8 @@ class Plan:
             lines.append(f"sink {sk.step_id}: {type(sk.sink).__name__} ({sk.where}) <- {src}")
         for ins in self.inspects:
             lines.append(f"inspect {ins.step_id}: shown at the driver <- stage{ins.port[0]}.port{ins.port[1]}")
+        if self.dead_letter is not None:
+            lines.append(
+                f"dead letter: {self.dead_letter!r} <- port{DEAD_PORT} of every stage (items a step refused)"
+            )
         return "\n".join(lines)

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any, Callable, Optional
 
 from flowspark._time import use_clock
+from flowspark.deadletter import record as dead_record
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
 from flowspark.operators import _all_pairs, _check_bool
 from flowspark.runtime.driver import NOT_FOUND, bad_item_error, drive_chain, failing_item, idx
@@ -33,10 +34,15 @@ from flowspark.spark.codec import (
     position_seqs,
     source_items,
 )
-from flowspark.spark.plan import Op, StageSpec
+from flowspark.spark.plan import DEAD_PORT, Op, StageSpec
+
+#: Where a stage's dead-letter entries go: `None` (no dead letter: refused items fail the
+#: stage) or a list receiving `(seq, record)` pairs (`flowspark.deadletter.record`).
+Dead = Optional[list[tuple[bytes, Any]]]
 
 __all__ = [
     "column_key_runs",
+    "dead_rows",
     "dict_rows",
     "no_gc",
     "not_dict_error",
@@ -95,8 +101,12 @@ def _runs(columns: Iterator[tuple[Any, list[bytes], list[Any]]]) -> Iterator[tup
         yield cur_key, buf
 
 
-def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]]) -> None:
-    """Run the stateless ops over `streams` (stream id -> [(seq, item)]), in place."""
+def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]], dead: Dead = None) -> None:
+    """Run the stateless ops over `streams` (stream id -> [(seq, item)]), in place.
+
+    With `dead` (a list), an item a mapper or predicate fails on goes there as
+    `(seq, record)` (`flowspark.deadletter.record`) instead of failing the stage.
+    """
     empty: list[tuple[bytes, Any]] = []
     for op in ops:
         kind = op.kind
@@ -116,6 +126,9 @@ def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]])
                 try:
                     res = fn(xs)
                 except Exception as e:
+                    if dead is not None:
+                        streams[op.downs[0]] = _each_one_to_one(op, ins, dead)
+                        continue
                     bad = failing_item(fn, xs)
                     raise (_fail(op.step_id, e) if bad is NOT_FOUND else step_error(op.step_id, e, item=bad)) from e
                 if type(res) is list and len(res) == len(ins):
@@ -125,48 +138,88 @@ def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]])
                     continue
                 msg = f"step {op.step_id!r}: a one-to-one mapper returned {len(res)} items for {len(ins)} inputs"
                 raise _fail(op.step_id, FlowsparkTypeError(msg))
-            x = None
-            try:
-                for s, x in ins:
+            for s, x in ins:
+                try:
                     res = fn([x])
                     if type(res) is list and len(res) == 1:
                         out.append((s + _IDX0, res[0]))
                         continue
-                    try:
-                        it = iter(res)
-                    except TypeError:
-                        msg = (
-                            f"step {op.step_id!r}: the mapper must return an iterable; "
-                            f"returned {res!r} of type {type(res).__name__}"
-                        )
-                        raise FlowsparkTypeError(msg) from None
-                    for j, y in enumerate(it):
-                        out.append((s + idx(j), y))
-            except Exception as e:
-                raise step_error(op.step_id, e, item=x) from e
+                    ys = list(_iterable(op.step_id, res))
+                except Exception as e:
+                    if dead is None:
+                        raise step_error(op.step_id, e, item=x) from e
+                    dead.append((s, dead_record(op.step_id, e, x)))
+                    continue
+                out.extend([(s + idx(j), y) for j, y in enumerate(ys)])
             streams[op.downs[0]] = out
         elif kind == "branch":
             pred = op.fn
             assert pred is not None
             trues: list[tuple[bytes, Any]] = []
             falses: list[tuple[bytes, Any]] = []
-            sx = (b"", None)
-            try:
-                for sx in ins:
+            for sx in ins:
+                try:
                     r = pred(sx[1])
-                    if r is True:
-                        trues.append(sx)
-                    elif r is False:
-                        falses.append(sx)
-                    else:
+                    if r is not True and r is not False:
                         _check_bool(op.step_id, "branch predicate", sx[1], r)
-            except Exception as e:
-                raise step_error(op.step_id, e, item=sx[1]) from e
+                except Exception as e:
+                    if dead is None:
+                        raise step_error(op.step_id, e, item=sx[1]) from e
+                    dead.append((sx[0], dead_record(op.step_id, e, sx[1])))
+                    continue
+                (trues if r else falses).append(sx)
             streams[op.downs[0]] = trues
             streams[op.downs[1]] = falses
         else:  # inspect (downs: passthrough, side copy) and pass (redistribute)
             for d in op.downs:
                 streams[d] = ins
+
+
+def _iterable(step_id: str, res: Any) -> Any:
+    """`res` if it is iterable, else the error a mapper returning it gets."""
+    try:
+        iter(res)
+    except TypeError:
+        msg = f"step {step_id!r}: the mapper must return an iterable; returned {res!r} of type {type(res).__name__}"
+        raise FlowsparkTypeError(msg) from None
+    return res
+
+
+def _each_one_to_one(op: Op, ins: list[tuple[bytes, Any]], dead: list[Any]) -> list[tuple[bytes, Any]]:
+    """A one-to-one mapper over each item alone (its batch failed): failing items go to `dead`.
+
+    Each output keeps its input's sequence, as on the batch path.
+    """
+    fn = op.fn
+    assert fn is not None
+    out: list[tuple[bytes, Any]] = []
+    for s, x in ins:
+        try:
+            res = fn([x])
+            ys = res if type(res) is list else list(_iterable(op.step_id, res))
+            if len(ys) != 1:
+                msg = f"step {op.step_id!r}: a one-to-one mapper returned {len(ys)} items for one input"
+                raise FlowsparkTypeError(msg)
+        except Exception as e:  # noqa: BLE001
+            dead.append((s, dead_record(op.step_id, e, x)))
+            continue
+        out.append((s, ys[0]))
+    return out
+
+
+def _screen_keyed(step_id: str, items: list[tuple[bytes, Any]], dead: list[Any]) -> list[tuple[bytes, Any]]:
+    """The `(seq, item)` pairs entering stateful step `step_id` that are `(str, value)`; the others go to `dead`."""
+    xs = list(map(_second, items))
+    if _all_pairs(xs) and set(map(type, map(_first, xs))) == {str}:
+        return items
+    kept = []
+    for sx in items:
+        kv = sx[1]
+        if isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str):
+            kept.append(sx)
+        else:
+            dead.append((sx[0], dead_record(step_id, bad_item_error(step_id, kv), kv)))
+    return kept
 
 
 def _first_bad_key_item(step_id: str, xs: list[Any]) -> FlowsparkTypeError:
@@ -186,14 +239,16 @@ def _checked_keys(step_id: str, xs: list[Any]) -> list[str]:
     return ks
 
 
-def column_key_runs(spec: StageSpec, batches: Iterator[Any]) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:
+def column_key_runs(
+    spec: StageSpec, batches: Iterator[Any], dead: Dead = None
+) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:
     """Group rows Spark keyed and sorted (`ColumnKey`) into `(key, [(seq, value)])` runs.
 
     Input batches: `id` (`monotonically_increasing_id`), then the source's columns,
     sorted by `(key column, id)`. Each batch's rows become dicts, run through
     the source stage's steps (their filters, the `key_on`, key-keeping steps), and the
     resulting items, still grouped by key, are cut into runs; a key's rows may span
-    batches.
+    batches. With `dead` (a list), items those steps refuse go there (see `_apply_ops`).
     """
     import pyarrow as pa
 
@@ -210,8 +265,10 @@ def column_key_runs(spec: StageSpec, batches: Iterator[Any]) -> Iterator[tuple[s
             except Exception as e:
                 raise _fail(ck.source_step, e) from e
             streams = {ck.entry: list(zip(position_seqs(ck.source_index, b.column(0)), rows, strict=True))}
-            _apply_ops(ck.ops, streams)
+            _apply_ops(ck.ops, streams, dead)
             items = streams.get(ck.port)
+            if items and dead is not None:
+                items = _screen_keyed(key_for, items, dead)
             if items:
                 xs = list(map(_second, items))
                 ks = _checked_keys(key_for, xs)
@@ -227,9 +284,12 @@ def _port_rows(
     out_k: list[Optional[str]],
     out_s: list[bytes],
     out_v: list[bytes],
+    dead: Dead = None,
 ) -> None:
     for p, port in enumerate(spec.ports):
         items = streams.get(port.stream)
+        if items and dead is not None and port.key_for is not None:
+            items = _screen_keyed(port.key_for, items, dead)
         if not items:
             continue
         n = len(items)
@@ -262,13 +322,15 @@ def not_dict_error(step_id: str, x: Any) -> FlowsparkTypeError:
     return FlowsparkTypeError(msg)
 
 
-def dict_rows(step_id: str, items: list[Any], arrow_schema: Any) -> Any:
+def dict_rows(step_id: str, items: list[Any], arrow_schema: Any, dead: Optional[list[Any]] = None) -> Any:
     """The rows a `SparkSink` writes: dict items as one Arrow record batch of `arrow_schema`.
 
     Args:
         step_id: The sink's step id.
         items: The items (dicts).
         arrow_schema: The sink's schema as an Arrow schema.
+        dead: With a dead letter: receives `(index in items, record)` for each item that
+            is not a dict or does not fit the schema; the batch holds the others.
 
     Returns:
         A `pyarrow.RecordBatch`.
@@ -278,6 +340,24 @@ def dict_rows(step_id: str, items: list[Any], arrow_schema: Any) -> Any:
     """
     import pyarrow as pa
 
+    if dead is not None:
+        try:
+            if set(map(type, items)) == {dict}:
+                return pa.RecordBatch.from_pylist(items, schema=arrow_schema)
+        except Exception:  # noqa: BLE001,S110
+            pass  # found item by item below
+        good = []
+        for i, x in enumerate(items):
+            try:
+                if not isinstance(x, dict):
+                    raise not_dict_error(step_id, x)
+                pa.RecordBatch.from_pylist([x], schema=arrow_schema)
+            except Exception as e:  # noqa: BLE001
+                err = e if isinstance(e, FlowsparkTypeError) else _misfit_error(step_id, [x], arrow_schema, e)
+                dead.append((i, dead_record(step_id, err, x)))
+                continue
+            good.append(x)
+        return pa.RecordBatch.from_pylist(good, schema=arrow_schema)
     if set(map(type, items)) != {dict}:
         bad = next((x for x in items if not isinstance(x, dict)), None)
         if bad is not None:
@@ -328,16 +408,44 @@ def run_stage_rows(
         FlowsparkRuntimeError: A user callable failed.
     """
     cols: tuple[list[int], list[Optional[str]], list[bytes], list[bytes]] = ([], [], [], [])
-    _port_rows(spec, stage_streams(spec, items), *cols)
+    dead: Dead = [] if spec.dead_letter else None
+    _port_rows(spec, stage_streams(spec, items, dead), *cols, dead)
+    if dead:
+        dead_rows(dead, *cols)
     return cols
 
 
-def stage_streams(spec: StageSpec, items: list[tuple[bytes, Any]]) -> dict[str, list[tuple[bytes, Any]]]:
+def dead_rows(
+    dead: list[tuple[bytes, Any]],
+    out_p: list[int],
+    out_k: list[Optional[str]],
+    out_s: list[bytes],
+    out_v: list[bytes],
+) -> None:
+    """Append `(seq, record)` dead-letter entries as `DEAD_PORT` rows to output columns.
+
+    Args:
+        dead: The entries.
+        out_p: Port column.
+        out_k: Key column.
+        out_s: Sequence column.
+        out_v: Value column (the pickled record).
+    """
+    out_p.extend([DEAD_PORT] * len(dead))
+    out_k.extend([None] * len(dead))
+    out_s.extend(map(_first, dead))
+    out_v.extend(dumps(r) for _s, r in dead)
+
+
+def stage_streams(
+    spec: StageSpec, items: list[tuple[bytes, Any]], dead: Dead = None
+) -> dict[str, list[tuple[bytes, Any]]]:
     """Push items of the stage's entry stream through its stateless ops.
 
     Args:
         spec: The stage.
         items: `(sequence, item)` pairs of the entry stream.
+        dead: With a dead letter, receives `(seq, record)` for each item a step refused.
 
     Returns:
         Every stream of the stage: stream id -> `(sequence, item)` pairs.
@@ -346,7 +454,7 @@ def stage_streams(spec: StageSpec, items: list[tuple[bytes, Any]]) -> dict[str, 
         FlowsparkRuntimeError: A user callable failed.
     """
     streams: dict[str, list[tuple[bytes, Any]]] = {spec.entry: items}
-    _apply_ops(spec.ops, streams)
+    _apply_ops(spec.ops, streams, dead)
     return streams
 
 
@@ -494,12 +602,27 @@ def stage_function(
             return dict_rows(sink[0], list(map(_second, xs)), sink[1]) if xs else None
 
         out = port_batch if sink is None else sink_batch
+        assert sink is None or not spec.dead_letter, "a stage with a dead letter emits port rows"
+        dead: Dead = [] if spec.dead_letter else None
         try:
             with use_clock(lambda: now), no_gc():
-                for items in _stage_items(spec, batches, now, partition_id, out_batch_rows, column_key):
+                for items in _stage_items(spec, batches, now, partition_id, out_batch_rows, column_key, dead):
                     b = out(items)
                     if b is not None:
                         yield b
+                    if dead:
+                        cols: tuple[list[int], list[Optional[str]], list[bytes], list[bytes]] = ([], [], [], [])
+                        dead_rows(dead, *cols)
+                        dead.clear()
+                        yield pa.RecordBatch.from_arrays(
+                            [
+                                pa.array(cols[0], pa.int32()),
+                                pa.array(cols[1], pa.string()),
+                                pa.array(cols[2], pa.binary()),
+                                pa.array(cols[3], pa.binary()),
+                            ],
+                            schema=schema,
+                        )
         except FlowsparkRuntimeError as f:
             raise RuntimeError(encode_task_error(f)) from None
 
@@ -507,15 +630,24 @@ def stage_function(
 
 
 def _stage_items(
-    spec: StageSpec, batches: Iterator[Any], now: datetime, partition_id: int, out_rows: int, column_key: bool
+    spec: StageSpec,
+    batches: Iterator[Any],
+    now: datetime,
+    partition_id: int,
+    out_rows: int,
+    column_key: bool,
+    dead: Dead = None,
 ) -> Iterator[list[tuple[bytes, Any]]]:
-    """The items of the stage's entry stream (or its chain's emits), in lists of about `out_rows`."""
+    """The items of the stage's entry stream (or its chain's emits), in lists of about `out_rows`.
+
+    `dead`: receives the dead-letter entries of a Spark-keyed stage's source steps.
+    """
     src = spec.source
     if spec.chain:
         # Keyed stage: rows arrive sorted by (k, seq).
         drivers = tuple(ks.driver() for ks in spec.chain)
         pending: list[tuple[bytes, Any]] = []
-        runs = column_key_runs(spec, batches) if column_key else _key_runs(batches, spec.input_value_only)
+        runs = column_key_runs(spec, batches, dead) if column_key else _key_runs(batches, spec.input_value_only)
         for key, items in runs:
             emits = drive_chain(drivers, key, items, now=now)[0]
             if emits:
