@@ -93,7 +93,7 @@ class _DirPartition(StatelessSinkPartition[dict[str, Any]]):
         for row in values:
             by_batch.setdefault(int(row["batch_id"]), []).append(row)
         for batch_id, rows in by_batch.items():
-            folder = Path(self.sink.path) / f"batch_id={batch_id}"
+            folder = self.sink.batch_folder(batch_id)
             if batch_id not in self.started:
                 # The first write of a batch id in a run replaces what an earlier run wrote for
                 # it (as Spark's dynamic partition overwrite does): a replayed batch is not doubled.
@@ -157,24 +157,65 @@ class DeadLetterDir(DynamicSink[dict[str, Any]]):
                 raise FlowsparkTypeError(msg) from None
         return _DirPartition(self)
 
-    def write_file(self, folder: Path, rows: list[dict[str, Any]]) -> None:
-        """Write rows (without `batch_id`) as one new file of `folder`.
+    def write_file(self, folder: Path, rows: list[dict[str, Any]], name: Optional[str] = None) -> None:
+        """Write rows (without `batch_id`) as one file of `folder`, atomically (written aside, then renamed).
 
         Args:
             folder: The batch's directory.
             rows: The rows.
+            name: The file's name without extension (a file of that name is replaced);
+                default a new unique name.
         """
-        name = f"part-{uuid.uuid4().hex}"
+        name = name or f"part-{uuid.uuid4().hex}"
+        final = folder / f"{name}.{self.format}"
+        tmp = folder / f".{name}.{uuid.uuid4().hex}.tmp"
         if self.format == "json":
-            with open(folder / f"{name}.json", "w", encoding="utf-8") as f:
+            with open(tmp, "w", encoding="utf-8") as f:
                 for r in rows:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
-            return
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+        else:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
 
-        table = pa.Table.from_pylist(rows, schema=pa.schema([(f, pa.string()) for f in FIELDS[:-1]]))
-        pq.write_table(table, folder / f"{name}.parquet")
+            table = pa.Table.from_pylist(rows, schema=pa.schema([(f, pa.string()) for f in FIELDS[:-1]]))
+            pq.write_table(table, tmp)
+        os.replace(tmp, final)
+
+    def batch_folder(self, batch_id: int) -> Path:
+        """The directory of one batch's rows.
+
+        Args:
+            batch_id: The batch id.
+
+        Returns:
+            `path/batch_id=N`.
+        """
+        return Path(self.path) / f"batch_id={batch_id}"
+
+    def count(self, batch_id: int) -> int:
+        """How many rows a batch has in the directory.
+
+        Args:
+            batch_id: The batch id.
+
+        Returns:
+            The number of rows (0 when there is no such batch).
+        """
+        folder = self.batch_folder(batch_id)
+        if not folder.is_dir():
+            return 0
+        n = 0
+        for f in folder.iterdir():
+            if f.name.startswith((".", "_")):
+                continue
+            if self.format == "json":
+                with open(f, encoding="utf-8") as fh:
+                    n += sum(1 for line in fh if line.strip())
+            else:
+                import pyarrow.parquet as pq
+
+                n += pq.read_metadata(f).num_rows
+        return n
 
     def __repr__(self) -> str:
         """Show where rows go."""

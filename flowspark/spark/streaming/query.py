@@ -20,6 +20,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
 
 from flowspark._args import ttl_arg
+from flowspark.deadletter import DeadLetterDir, dead_letter_arg, record
 from flowspark.errors import (
     FlowsparkCompileError,
     FlowsparkError,
@@ -34,7 +35,7 @@ from flowspark.spark.codec import decode_task_error, encode_task_error, loads, l
 from flowspark.spark.compiler import as_graph, compile_flow
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink, infer_schema, write_rows
-from flowspark.spark.plan import Plan, SinkPlan, StagePlan, StageSpec
+from flowspark.spark.plan import DEAD_PORT, Plan, SinkPlan, StagePlan, StageSpec
 from flowspark.spark.streaming.checkpoint import (
     check_flag,
     check_layout,
@@ -44,6 +45,7 @@ from flowspark.spark.streaming.checkpoint import (
     pinned_schemas,
     save_counts,
 )
+from flowspark.spark.streaming.deadletter import clear_uncommitted, split_dead, task_batch_id, write_task_rows
 from flowspark.spark.streaming.routing import (
     ROUTE,
     TICK_ROUTE,
@@ -60,7 +62,7 @@ from flowspark.spark.streaming.state import (
     BucketDriver,
     LatestCounts,
 )
-from flowspark.spark.worker import dict_rows, run_stage_rows, stage_function
+from flowspark.spark.worker import dict_rows, not_dict_error, run_stage_rows, stage_function
 
 __all__ = ["Lowering", "StreamingRun", "compile_streaming", "needs_timers", "run_streaming"]
 
@@ -246,12 +248,13 @@ def _number_rows(batches: Iterator[Any]) -> Iterator[Any]:
         yield pa.RecordBatch.from_arrays([ids, *b.columns], names=[ID_COLUMN, *b.schema.names])
 
 
-def _progress_line(p: Any, counts: Optional[tuple[int, int]] = None) -> str:
+def _progress_line(p: Any, counts: Optional[tuple[int, int]] = None, dead: Optional[int] = None) -> str:
     """The per-micro-batch line: input, rate, state (keys, pending notifications, bytes), watermark.
 
     Args:
         p: Spark's progress report.
         counts: `(keys, pending notifications)` in state, from the keyed stages' reports.
+        dead: With a dead letter, the rows it got in this micro-batch.
 
     Returns:
         The line.
@@ -266,8 +269,9 @@ def _progress_line(p: Any, counts: Optional[tuple[int, int]] = None) -> str:
     if counts is not None:
         size = f"{_size(memory)} in memory" + (f", {_size(disk)} on disk" if disk else "")
         state = f"state {counts[0]} keys, {counts[1]} timers pending, {size} ({state_rows} state rows)"
+    dl = "" if dead is None else f", {dead} to the dead letter"
     return (
-        f"[flowspark] batch {p.get('batchId')}: {p.get('numInputRows', 0)} input rows, "
+        f"[flowspark] batch {p.get('batchId')}: {p.get('numInputRows', 0)} input rows{dl}, "
         f"{rate:.0f} rows/s, {state}, watermark {wm}"
     )
 
@@ -310,6 +314,11 @@ class StreamingRun:
         self._schemas: dict[str, Any] = {}  # StructTypes of native sinks given no schema (pinned)
         self._counts: Any = None  # accumulator of the state counts (state.LatestCounts)
         self.lowered: dict[int, str] = {}  # keyed stage -> how its input is keyed (see spark_keyed)
+        #: With a dead letter: its writer, and the rows written per micro-batch id (progress line).
+        self.dead: Any = None
+        self.dead_counts: dict[int, int] = {}
+        #: A `DeadLetterDir` dead letter is written by the tasks (`flowspark.spark.streaming.deadletter`).
+        self.dead_dir: Optional[DeadLetterDir] = plan.dead_letter if isinstance(plan.dead_letter, DeadLetterDir) else None
 
     # -- building ---------------------------------------------------------------
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
@@ -395,6 +404,21 @@ class StreamingRun:
         save_counts(self.checkpoint, value)
         return sum(v[0] for v in value.values()), sum(v[1] for v in value.values())
 
+    def dead_count(self, batch_id: int) -> Optional[int]:
+        """Rows the dead letter got in a micro-batch; `None` without a dead letter.
+
+        Args:
+            batch_id: The micro-batch id.
+
+        Returns:
+            The count.
+        """
+        if self.dead_dir is not None:
+            return self.dead_dir.count(batch_id)
+        if self.dead is not None:
+            return self.dead_counts.get(batch_id, 0)
+        return None
+
     def _ticks(self, columns: list[str]) -> Any:
         """The tick stream (timers need a micro-batch even when no data arrives, e.g. after a restart)."""
         from pyspark.sql import functions as F  # noqa: N812
@@ -435,12 +459,16 @@ class StreamingRun:
             route = self.routes[spec.stage_id]
             if st.kind == "source":
                 df = self._source_rows(st).withColumn("p", F.col("p") + F.lit(route.offset))
+                if self.dead_dir is not None:
+                    df = split_dead(df, self.dead_dir, f"s{spec.stage_id}")
                 chain = df if chain is None else chain.unionByName(df)
                 continue
             assert chain is not None
             if st.kind == "map":
                 fn = routed_stage_function(spec, route, functools.partial(run_stage_rows, spec), self.clock)
                 chain = chain.mapInArrow(fn, _ROW_SCHEMA)
+                if self.dead_dir is not None:
+                    chain = split_dead(chain, self.dead_dir, f"s{spec.stage_id}")
                 continue
             if self.timers:
                 chain = chain.unionByName(self._ticks(["p"]))
@@ -454,6 +482,8 @@ class StreamingRun:
             bucket = F.when(mine & (F.col("copy") == 0), F.pmod(F.hash("k"), F.lit(self.buckets)))
             df = df.withColumn("bucket", bucket.otherwise(F.lit(self.buckets))).select("p", "k", "seq", "v", "bucket")
             chain = self._keyed(df, spec, route)
+            if self.dead_dir is not None:
+                chain = split_dead(chain, self.dead_dir, f"s{spec.stage_id}")
         return chain
 
     def spark_keyed(self) -> dict[int, Any]:
@@ -533,6 +563,8 @@ class StreamingRun:
                     df = self._keyed(df, spec)
                 else:
                     df = df.mapInArrow(_per_call_stage(spec, self.clock), _ROW_SCHEMA)
+            if self.dead_dir is not None and not (st.kind == "keyed" and self._sink_fused_stage == spec.stage_id):
+                df = split_dead(df, self.dead_dir, f"s{spec.stage_id}")
             self.dfs[spec.stage_id] = df
         return df
 
@@ -543,7 +575,7 @@ class StreamingRun:
         which has a schema of atomic columns (pandas carries them unchanged).
         """
         lone = self._spark_writer_sink()
-        if lone is None or lone.port != (spec.stage_id, 0) or len(spec.ports) != 1:
+        if lone is None or lone.port != (spec.stage_id, 0) or len(spec.ports) != 1 or spec.dead_letter:
             return None
         struct, arrow_schema = _sink_schema(lone.sink.schema)
         if not _atomic(struct):
@@ -554,8 +586,10 @@ class StreamingRun:
 
     # -- sinks ------------------------------------------------------------------
     def _lone_native_sink(self) -> Optional[SinkPlan]:
-        """The query's only output when it is a Spark-native sink (and nothing is inspected)."""
+        """The query's only output when it is a Spark-native sink (and nothing is inspected, no dead letter)."""
         sinks = self.plan.sinks
+        if self.plan.dead_letter is not None and self.dead_dir is None:
+            return None  # the dead letter is an output too: every output goes through foreachBatch
         if len(sinks) == 1 and sinks[0].where == "native" and not self.plan.inspects:
             return sinks[0]
         return None
@@ -606,6 +640,8 @@ class StreamingRun:
         """Build the query and start it with `trigger`; return the `StreamingQuery`."""
         from pyspark.sql import functions as F  # noqa: N812
 
+        if self.dead_dir is not None:
+            clear_uncommitted(self.dead_dir, self.checkpoint)  # their micro-batches run again
         last = self.build_routed() if self.routes is not None else self.build()
         qchk = os.path.join(self.checkpoint, "query")
         self._pinned()
@@ -617,7 +653,9 @@ class StreamingRun:
             if self._sink_fused_stage == writer.port[0] and self.routes is None:
                 rows = self.dfs[writer.port[0]]  # the keyed stage already wrote the sink's rows
             else:
-                rows = _dict_rows(self.spark, self._port_rows(last, writer.port), writer.step_id, sink.schema)
+                rows = _dict_rows(
+                    self.spark, self._port_rows(last, writer.port), writer.step_id, sink.schema, self.dead_dir
+                )
             if sink.format == "kafka":
                 w = rows.writeStream.format("kafka").outputMode("append")
             elif sink.format == "table":
@@ -636,7 +674,13 @@ class StreamingRun:
             rows_fn = functools.partial(self._foreach_rows, lone)
             w = self._port_rows(last, lone.port).writeStream.foreachBatch(rows_fn)
         else:
-            ports = sorted({sk.port for sk in self.plan.sinks} | {ins.port for ins in self.plan.inspects})
+            ports = sorted(
+                {sk.port for sk in self.plan.sinks}
+                | {ins.port for ins in self.plan.inspects}
+                | (set() if self.dead_dir is not None else set(self.plan.dead_ports()))
+            )
+            # A source stage Spark keyed (`spark_keyed`) has no DataFrame of its own: the keyed stage ran its steps.
+            ports = [(s, q) for s, q in ports if s in self.dfs or self.routes is not None]
             if self.routes is not None:
                 p = F.col("p")
                 out = last.filter(p.isin([s * ROUTE + q for s, q in ports])).select(
@@ -654,6 +698,11 @@ class StreamingRun:
                 for other in parts[1:]:
                     out = out.union(other)
             self._open_sinks()
+            if self.plan.dead_letter is not None and self.dead_dir is None:
+                from flowspark.deadletter import dead_letter_step
+                from flowspark.spark.outputs import SparkDeadLetters
+
+                self.dead = SparkDeadLetters(self.spark, self.plan.dead_letter, dead_letter_step(self.plan.flow_id), True)
             w = out.writeStream.foreachBatch(self._foreach_batch)
         w = w.option("checkpointLocation", qchk).queryName(f"flowspark_{self.plan.flow_id}")
         if trigger == "available_now":
@@ -698,8 +747,12 @@ class StreamingRun:
         ps = table.column("p").to_pylist()
         vs = table.column("v").to_pylist()
         by_port: dict[tuple[int, int], list[Any]] = {}
+        dead: list[Any] = []
         for s, p, v in zip(sts, ps, vs, strict=True):
-            by_port.setdefault((s, p), []).append(loads(v))
+            if p == DEAD_PORT:
+                dead.append(loads(v))  # in sequence order, across stages
+            else:
+                by_port.setdefault((s, p), []).append(loads(v))
         try:
             for ins in self.plan.inspects:
                 for item in by_port.get(ins.port, []):
@@ -707,7 +760,12 @@ class StreamingRun:
             for sk in self.plan.sinks:
                 items = by_port.get(sk.port)
                 if items:
-                    self._write(sk, items, batch_id)
+                    self._write(sk, items, batch_id, dead if self.plan.dead_letter is not None else None)
+            if self.dead is not None:
+                self.dead.write(dead, batch_id)
+                self.dead_counts[batch_id] = len(dead)
+            elif self.dead_dir is not None and dead:  # sinks' misfits, written here as a task would
+                write_task_rows(self.dead_dir, "part-driver", dead, batch_id)
         except FlowsparkError as e:
             self._error = e
             raise
@@ -723,8 +781,17 @@ class StreamingRun:
         try:
             if df.count() == 0:
                 return
-            struct = self._schema(sk, lambda: [loads(r.v) for r in df.select("v").limit(100).collect()])
-            write_rows(sk.step_id, sk.sink, _dict_rows(self.spark, df, sk.step_id, struct), batch_id)
+            sample = [loads(r.v) for r in df.select("v").limit(100).collect()]
+            if self.dead_dir is not None:
+                sample = [x for x in sample if isinstance(x, dict)]  # the others go to the dead letter
+            struct = self._schema(sk, lambda: sample)
+            if struct is None:
+                if self.dead_dir is not None:  # not one dict: every item goes to the dead letter
+                    items = [loads(r.v) for r in df.select("v").collect()]
+                    rows = [record(sk.step_id, not_dict_error(sk.step_id, x), x) for x in items]
+                    write_task_rows(self.dead_dir, "part-driver", rows, batch_id)
+                return
+            write_rows(sk.step_id, sk.sink, _dict_rows(self.spark, df, sk.step_id, struct, self.dead_dir), batch_id)
         except FlowsparkError as e:
             self._error = e
             raise
@@ -735,7 +802,8 @@ class StreamingRun:
         finally:
             df.unpersist()
 
-    def _write(self, sk: Any, items: list[Any], batch_id: int) -> None:
+    def _write(self, sk: Any, items: list[Any], batch_id: int, dead: Optional[list[Any]] = None) -> None:
+        """Write one micro-batch's items of a sink (with a dead letter, `dead` gets a native sink's misfits)."""
         try:
             if sk.where in ("driver", "dynamic"):
                 self._sink_parts[sk.step_id].write_batch(items)
@@ -748,8 +816,16 @@ class StreamingRun:
                 import pyarrow as pa
                 from pyspark.sql.pandas.types import to_arrow_schema
 
-                struct = self._schema(sk, lambda: items)
-                table = pa.Table.from_batches([dict_rows(sk.step_id, items, to_arrow_schema(struct))])
+                misfits: Optional[list[Any]] = None if dead is None else []
+                struct = self._schema(sk, lambda: items if dead is None else [x for x in items if isinstance(x, dict)])
+                if struct is None:  # no item is a dict: nothing to infer a schema from
+                    assert dead is not None
+                    dead.extend(record(sk.step_id, not_dict_error(sk.step_id, x), x) for x in items)
+                    return
+                table = pa.Table.from_batches([dict_rows(sk.step_id, items, to_arrow_schema(struct), misfits)])
+                if misfits:
+                    assert dead is not None
+                    dead.extend(r for _i, r in misfits)
                 write_rows(sk.step_id, sk.sink, self.spark.createDataFrame(table, struct), batch_id)
         except FlowsparkError:
             raise
@@ -757,7 +833,12 @@ class StreamingRun:
             raise _fail(sk.step_id, e) from e
 
     def close_sinks(self) -> None:
-        """Close the sink partitions opened at the driver."""
+        """Close the sink partitions opened at the driver (and the dead letter's)."""
+        if self.dead is not None:
+            try:
+                self.dead.close()
+            except Exception:  # noqa: BLE001,S110
+                pass
         for part in self._sink_parts.values():
             for p in part[1] if isinstance(part, tuple) else [part]:
                 try:
@@ -787,16 +868,28 @@ def _atomic(st: Any) -> bool:
     return all(not isinstance(f.dataType, (ArrayType, MapType, StructType)) for f in st.fields)
 
 
-def _dict_rows(spark: Any, df: Any, step_id: str, schema: Any) -> Any:
-    """Turn (k, seq, v) rows whose items are dicts into rows of `schema`."""
+def _dict_rows(spark: Any, df: Any, step_id: str, schema: Any, dead_dir: Optional[DeadLetterDir] = None) -> Any:
+    """Turn (k, seq, v) rows whose items are dicts into rows of `schema`.
+
+    With `dead_dir`, items that do not fit go to the dead letter (written by the task).
+    """
     st, arrow_schema = _sink_schema(schema)
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        misfits: Optional[list[Any]] = None if dead_dir is None else []
         try:
             for b in batches:
                 items = loads_all(b.column(2).to_pylist())
                 if items:
-                    yield dict_rows(step_id, items, arrow_schema)
+                    yield dict_rows(step_id, items, arrow_schema, misfits)
+            if misfits:
+                assert dead_dir is not None
+                ctx = TaskContext.get()
+                part = ctx.partitionId() if ctx is not None else 0
+                rows = [r for _i, r in misfits]
+                write_task_rows(dead_dir, f"part-sink-p{part:05d}", rows, task_batch_id())
         except FlowsparkRuntimeError as f:
             raise RuntimeError(encode_task_error(f)) from None
 
@@ -829,7 +922,8 @@ class _Listener:
         if p.get("runId") != str(query.runId):
             return  # another query of the same name (e.g. a late event of an earlier run)
         if self.show is not None:
-            self.show(_progress_line(p, self.run.counts()))
+            dead = self.run.dead_count(int(p.get("batchId", -1)))
+            self.show(_progress_line(p, self.run.counts(), dead))
         elif self.run._counts is not None:  # noqa: SLF001
             self.run.counts()  # saved for the next run
         with self.cond:
@@ -908,6 +1002,7 @@ def run_streaming(
     listener: Any = None,
     timeout: Optional[float] = None,
     explain: bool = False,
+    dead_letter: Any = None,
 ) -> StreamingRun:
     """Run a dataflow with unbounded sources as a Structured Streaming query.
 
@@ -938,6 +1033,15 @@ def run_streaming(
         timeout: Stop after this many seconds (between micro-batches); default never
             (or, with `"available_now"`, when everything is processed).
         explain: Print the compiled plan first.
+        dead_letter: Where items a step cannot take go instead of stopping the query
+            (`flowspark.deadletter`), each row with its micro-batch id. A `DeadLetterDir(path)`
+            or a directory path (parquet) is written by the micro-batch's tasks, each file
+            named by micro-batch, stage and partition, and a replayed micro-batch's files are
+            replaced: exactly once with the checkpoint, and the query's outputs are written
+            as without a dead letter. Any other sink (`TestingSink`, `SparkSink`,
+            `ForeachBatchSink`) gets the rows at the driver in `foreachBatch`
+            (at-least-once), and every output of the query then goes through
+            `foreachBatch` too. See docs/streaming.md "Dead letter".
 
     Returns:
         The finished `StreamingRun` (its `query` holds Spark's progress reports).
@@ -967,8 +1071,9 @@ def run_streaming(
         raise FlowsparkTypeError(msg)
     from flowspark.spark.session import ensure_workers, ship_user_modules
 
+    dead_sink = dead_letter_arg("flowspark.spark.run", dead_letter)
     ship_user_modules()
-    plan = compile_streaming(flow)
+    plan = compile_streaming(flow).with_dead_letter(dead_sink)
     steps = [ks.step_id for ks in plan.keyed_steps()]
     timers = check_meta(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan))
     layout = check_layout(checkpoint, state_layout, LAYOUTS)

@@ -90,7 +90,8 @@ def routes(plan: Plan) -> dict[int, Route]:
     for st in plan.stages:
         for s, p, _pad in st.inputs:
             readers.setdefault(s * ROUTE + p, set()).add(st.spec.stage_id)
-    at_writer = {s * ROUTE + p for s, p in [sk.port for sk in plan.sinks] + [i.port for i in plan.inspects]}
+    written = [sk.port for sk in plan.sinks] + [i.port for i in plan.inspects] + plan.dead_ports()
+    at_writer = {s * ROUTE + p for s, p in written}
     out: dict[int, Route] = {}
     for st in plan.stages:
         t = st.spec.stage_id

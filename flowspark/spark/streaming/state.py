@@ -37,7 +37,7 @@ from flowspark.runtime.driver import drive_chain, idx
 from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.routing import Route, forward_frame
-from flowspark.spark.worker import column_key_runs, dict_rows, no_gc, run_stage_rows, stage_streams
+from flowspark.spark.worker import column_key_runs, dead_rows, dict_rows, no_gc, run_stage_rows, stage_streams
 
 __all__ = ["LAYOUTS", "STATE_SCHEMA", "BucketDriver", "KeyTable", "LatestCounts", "dump_state"]
 
@@ -465,10 +465,11 @@ class BucketDriver:
             return forward_frame(pdfs, self.route.forward)
         # The emits are not sorted here: whatever reads them sorts by sequence (sinks at the
         # driver, the next keyed stage), and the stateless ops after the chain work item by item.
+        dead: Optional[list[tuple[bytes, Any]]] = [] if self.spec.dead_letter else None
         try:
             with use_clock(lambda: now), no_gc():
                 if self.column_key:
-                    emits = self.process_runs(table, self._column_runs(pdfs), now)
+                    emits = self.process_runs(table, self._column_runs(pdfs, dead), now)
                 else:
                     rows: list[tuple[str, bytes, bytes]] = []
                     for pdf in pdfs:
@@ -479,6 +480,8 @@ class BucketDriver:
                 if self.sink_rows is not None:
                     return self._sink_frame(emits)
                 cols = run_stage_rows(self.spec, emits)
+                if dead:
+                    dead_rows(dead, *cols)
         except FlowsparkRuntimeError as f:
             raise RuntimeError(encode_task_error(f)) from None
         if not cols[0]:
@@ -486,8 +489,10 @@ class BucketDriver:
         ps = cols[0] if self.route is None else [self.route.offset + p for p in cols[0]]
         return pd.DataFrame({"p": ps, "k": cols[1], "seq": cols[2], "v": cols[3]})
 
-    def _column_runs(self, pdfs: Iterator[Any]) -> list[tuple[str, list[tuple[bytes, Any]]]]:
-        """The per-key runs of a bucket's source rows keyed by Spark (see `column_key`)."""
+    def _column_runs(
+        self, pdfs: Iterator[Any], dead: Optional[list[tuple[bytes, Any]]] = None
+    ) -> list[tuple[str, list[tuple[bytes, Any]]]]:
+        """The per-key runs of a bucket's source rows keyed by Spark (see `column_key`); `dead` as in `_apply_ops`."""
         import pandas as pd
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -507,7 +512,7 @@ class BucketDriver:
         table = table.set_column(0, ID_COLUMN, table.column(0).cast(pa.int64()))
         # Arrow orders strings by UTF-8 bytes: Python's order of str; null keys last.
         table = table.take(pc.sort_indices(table, sort_keys=[(ck.column, "ascending"), (ID_COLUMN, "ascending")]))
-        return list(column_key_runs(self.spec, iter(table.combine_chunks().to_batches())))
+        return list(column_key_runs(self.spec, iter(table.combine_chunks().to_batches()), dead))
 
     def _sink_frame(self, emits: list[tuple[bytes, Any]]) -> Any:
         """The stage's items as rows of the lone file sink's schema (see `sink_rows`)."""

@@ -1,0 +1,129 @@
+"""A stream's dead letter in a `DeadLetterDir`, written by the tasks of each micro-batch.
+
+Every stage emits the items it refuses as `DEAD_PORT` rows (`flowspark.spark.worker`).
+When the dead letter is a `DeadLetterDir`, a pass-through `mapInArrow` after each
+stage takes those rows out of the stream and writes them, from the task, to
+`<dir>/batch_id=<micro-batch id>/part-<stage>-<partition>.<format>`: a name fixed
+by the micro-batch, the stage and the Spark partition, written aside and renamed,
+so a retried task replaces its own file. When a query starts, the directories of
+micro-batches the checkpoint has not committed are deleted: a replayed micro-batch
+writes its rows again, once. The query's writer is untouched (a lone `SparkSink`
+with a schema stays Spark's exactly-once file sink).
+
+The micro-batch id comes from the task's local property `streaming.sql.batchId`,
+which Spark's micro-batch execution sets for every job of a micro-batch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from typing import Any, Callable
+
+from flowspark.deadletter import DeadLetterDir
+from flowspark.spark.codec import encode_task_error, loads_all
+from flowspark.spark.plan import DEAD_PORT
+from flowspark.spark.streaming.routing import ROUTE
+
+__all__ = ["clear_uncommitted", "split_dead", "task_batch_id", "write_task_rows"]
+
+_BATCH_ID = "streaming.sql.batchId"
+
+
+def task_batch_id() -> int:
+    """The micro-batch id of the running task (0 outside a streaming micro-batch).
+
+    Returns:
+        The id.
+    """
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    value = ctx.getLocalProperty(_BATCH_ID) if ctx is not None else None
+    return int(value) if value is not None else 0
+
+
+def write_task_rows(sink: DeadLetterDir, name: str, rows: list[dict[str, Any]], batch_id: int) -> None:
+    """Write dead-letter records of one task as the file `name` of the micro-batch's directory.
+
+    Args:
+        sink: The dead-letter directory.
+        name: The file's name, fixed by what wrote the rows (stage, partition).
+        rows: The records (`flowspark.deadletter.record`).
+        batch_id: The micro-batch id.
+    """
+    folder = sink.batch_folder(batch_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    sink.write_file(folder, rows, name)
+
+
+def _dead_writer(sink: DeadLetterDir, tag: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    def fn(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyspark import TaskContext
+
+        from flowspark.errors import FlowsparkRuntimeError, step_error
+
+        ctx = TaskContext.get()
+        part = ctx.partitionId() if ctx is not None else 0
+        rows: list[Any] = []
+        for b in batches:
+            p = b.column(0)
+            dead = pc.and_(pc.greater_equal(p, 0), pc.equal(pc.bit_wise_and(p, pa.scalar(ROUTE - 1, p.type)), DEAD_PORT))
+            if pc.any(dead).as_py():
+                rows.extend(loads_all(b.filter(dead).column(3).to_pylist()))
+                b = b.filter(pc.invert(dead))
+            yield b
+        if rows:
+            try:
+                write_task_rows(sink, f"part-{tag}-p{part:05d}", rows, task_batch_id())
+            except Exception as e:  # noqa: BLE001
+                err = step_error(f"{tag} dead letter", e)
+                assert isinstance(err, FlowsparkRuntimeError)
+                raise RuntimeError(encode_task_error(err)) from None
+
+    return fn
+
+
+def split_dead(df: Any, sink: DeadLetterDir, tag: str) -> Any:
+    """Take the dead-letter rows out of a stage's `(p, k, seq, v)` rows and write them from the tasks.
+
+    Args:
+        df: The stage's streaming DataFrame (`p` first; routed `p` values work too).
+        sink: The dead-letter directory.
+        tag: Names the stage in the file names (e.g. `s2`).
+
+    Returns:
+        The DataFrame without dead-letter rows.
+    """
+    return df.mapInArrow(_dead_writer(sink, tag), df.schema)
+
+
+def clear_uncommitted(sink: DeadLetterDir, checkpoint: str) -> list[int]:
+    """Delete the dead-letter directories of micro-batches the checkpoint has not committed.
+
+    Such a micro-batch (stopped or killed before its commit) is replayed by the next
+    run, which writes its rows again.
+
+    Args:
+        sink: The dead-letter directory.
+        checkpoint: The query's checkpoint (`<checkpoint>/query/commits`).
+
+    Returns:
+        The batch ids whose directories were deleted.
+    """
+    commits = os.path.join(checkpoint, "query", "commits")
+    done = [int(f) for f in os.listdir(commits) if f.isdigit()] if os.path.isdir(commits) else []
+    last = max(done, default=-1)
+    gone: list[int] = []
+    if not os.path.isdir(sink.path):
+        return gone
+    for name in os.listdir(sink.path):
+        if name.startswith("batch_id=") and name[len("batch_id=") :].isdigit():
+            n = int(name[len("batch_id=") :])
+            if n > last:
+                shutil.rmtree(os.path.join(sink.path, name), ignore_errors=True)
+                gone.append(n)
+    return sorted(gone)
