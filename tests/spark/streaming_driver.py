@@ -3,7 +3,8 @@
 Usage: python streaming_driver.py ROOT CHECKPOINT OUT_DIR [continuous]
 
 With `continuous` the query runs until stopped (trigger=None); Ctrl-C (SIGINT) stops it
-between micro-batches and the driver prints DRIVER INTERRUPTED and exits with 130.
+between micro-batches and the driver prints DRIVER INTERRUPTED and exits with 130. With
+`FLOWSPARK_TEST_DEAD_LETTER=DIR` in the environment the run has a dead letter (`DeadLetterDir(DIR)`).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def main() -> None:
     spark = get_session("local[2]", {"spark.sql.shuffle.partitions": "2"})
     try:
         trigger = None if continuous else "available_now"
-        run(build(root, out_dir), spark=spark, checkpoint=chk, trigger=trigger, max_items=100)
+        dead = os.environ.get("FLOWSPARK_TEST_DEAD_LETTER")
+        extra = {"dead_letter": dead} if dead else {}
+        run(build(root, out_dir), spark=spark, checkpoint=chk, trigger=trigger, max_items=100, **extra)
     except KeyboardInterrupt:
         print("DRIVER INTERRUPTED", flush=True)
         sys.exit(130)

@@ -19,14 +19,14 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from flowspark.deadletter import DeadLetterDir
 from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.plan import DEAD_PORT
 from flowspark.spark.streaming.routing import ROUTE
 
-__all__ = ["clear_uncommitted", "split_dead", "task_batch_id", "write_task_rows"]
+__all__ = ["clear_uncommitted", "file_sink_written", "split_dead", "task_batch_id", "write_task_rows"]
 
 _BATCH_ID = "streaming.sql.batchId"
 
@@ -101,15 +101,20 @@ def split_dead(df: Any, sink: DeadLetterDir, tag: str) -> Any:
     return df.mapInArrow(_dead_writer(sink, tag), df.schema)
 
 
-def clear_uncommitted(sink: DeadLetterDir, checkpoint: str) -> list[int]:
+def clear_uncommitted(
+    sink: DeadLetterDir, checkpoint: str, written: Optional[Callable[[int], bool]] = None
+) -> list[int]:
     """Delete the dead-letter directories of micro-batches the checkpoint has not committed.
 
     Such a micro-batch (stopped or killed before its commit) is replayed by the next
-    run, which writes its rows again.
+    run, which writes its rows again. Except when the query's writer had already
+    committed it (`written`): Spark's file sink then skips the replayed micro-batch
+    without computing it, so its dead rows would not be written again; they are kept.
 
     Args:
         sink: The dead-letter directory.
         checkpoint: The query's checkpoint (`<checkpoint>/query/commits`).
+        written: Whether the writer committed a micro-batch (default: never).
 
     Returns:
         The batch ids whose directories were deleted.
@@ -123,7 +128,24 @@ def clear_uncommitted(sink: DeadLetterDir, checkpoint: str) -> list[int]:
     for name in os.listdir(sink.path):
         if name.startswith("batch_id=") and name[len("batch_id=") :].isdigit():
             n = int(name[len("batch_id=") :])
-            if n > last:
+            if n > last and not (written is not None and written(n)):
                 shutil.rmtree(os.path.join(sink.path, name), ignore_errors=True)
                 gone.append(n)
     return sorted(gone)
+
+
+def file_sink_written(path: str) -> Callable[[int], bool]:
+    """Whether Spark's file sink writing to `path` committed a micro-batch (its `_spark_metadata` log).
+
+    Args:
+        path: The sink's directory.
+
+    Returns:
+        `written(batch_id) -> bool`.
+    """
+    log = os.path.join(path, "_spark_metadata")
+
+    def written(n: int) -> bool:
+        return os.path.exists(os.path.join(log, str(n))) or os.path.exists(os.path.join(log, f"{n}.compact"))
+
+    return written

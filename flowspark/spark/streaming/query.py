@@ -45,7 +45,13 @@ from flowspark.spark.streaming.checkpoint import (
     pinned_schemas,
     save_counts,
 )
-from flowspark.spark.streaming.deadletter import clear_uncommitted, split_dead, task_batch_id, write_task_rows
+from flowspark.spark.streaming.deadletter import (
+    clear_uncommitted,
+    file_sink_written,
+    split_dead,
+    task_batch_id,
+    write_task_rows,
+)
 from flowspark.spark.streaming.routing import (
     ROUTE,
     TICK_ROUTE,
@@ -641,7 +647,10 @@ class StreamingRun:
         from pyspark.sql import functions as F  # noqa: N812
 
         if self.dead_dir is not None:
-            clear_uncommitted(self.dead_dir, self.checkpoint)  # their micro-batches run again
+            writer = self._spark_writer_sink()
+            file_sink = writer is not None and writer.sink.format not in ("kafka", "table")
+            # Their micro-batches run again (unless Spark's file sink already wrote them: it skips them).
+            clear_uncommitted(self.dead_dir, self.checkpoint, file_sink_written(writer.sink.path) if file_sink else None)
         last = self.build_routed() if self.routes is not None else self.build()
         qchk = os.path.join(self.checkpoint, "query")
         self._pinned()
