@@ -106,6 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="drop a stateful step's state for a key that got no value for SECS seconds (processing time)",
     )
     run.add_argument(
+        "--dead-letter",
+        metavar="PATH",
+        help="send items a step cannot take (a failing stateless callable, a non-str key, a row that does not "
+        "fit a SparkSink's schema) to this directory instead of stopping, one batch_id=N folder per batch",
+    )
+    run.add_argument(
+        "--dead-letter-format",
+        choices=["parquet", "json"],
+        default="parquet",
+        help="format of the --dead-letter directory (default parquet)",
+    )
+    run.add_argument(
         "--timeout",
         type=float,
         metavar="SECS",
@@ -361,7 +373,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if runtime == "local":
         from flowspark.runtime.local import run_main
 
-        run_main(flow, state_ttl=args.state_ttl)
+        run_main(flow, state_ttl=args.state_ttl, dead_letter=_dead_letter(args))
         return 0
     _need_pyspark("run --runtime spark")
     conf = dict(args.conf)
@@ -378,11 +390,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(plan)
     spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}")
     if args.no_progress:
-        run(flow, spark=spark, state_ttl=args.state_ttl)
+        run(flow, spark=spark, state_ttl=args.state_ttl, dead_letter=_dead_letter(args))
     else:
         with Progress(spark):
-            run(flow, spark=spark, state_ttl=args.state_ttl)
+            run(flow, spark=spark, state_ttl=args.state_ttl, dead_letter=_dead_letter(args))
     return 0
+
+
+def _dead_letter(args: argparse.Namespace) -> Any:
+    """The `--dead-letter` directory as a `DeadLetterDir` (absolute path), or `None`."""
+    if args.dead_letter is None:
+        return None
+    from flowspark.deadletter import DeadLetterDir
+
+    return DeadLetterDir(str(Path(args.dead_letter).resolve()), format=args.dead_letter_format)
 
 
 def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], unbounded: list[str]) -> int:
@@ -435,6 +456,7 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
         timeout=args.timeout,
         state_layout=args.state_layout,
         state_ttl=args.state_ttl,
+        dead_letter=_dead_letter(args),
         **({"buckets": args.buckets} if args.buckets is not None else {}),
     )
     return 0

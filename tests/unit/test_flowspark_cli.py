@@ -567,3 +567,39 @@ def test_cli_works_without_pyspark(project):
     assert res.stderr.strip().splitlines() == [
         "flowspark: error: `flowspark plan --spark` needs pyspark; install it with `pip install 'flowspark[spark]'`"
     ]
+
+
+def test_run_dead_letter_option_in_memory(project):
+    """`--dead-letter DIR`: a failing map sends its item to DIR (json here) and the run finishes."""
+    cwd, _pkg = project
+    (cwd / "in.txt").write_text("a\nboom\nc\n")
+    (cwd / "poison.py").write_text(
+        textwrap.dedent(
+            """
+            import flowspark.operators as op
+            from flowspark.dataflow import Dataflow
+            from flowspark.inputs import FileSource
+            from flowspark.outputs import FileSink
+
+            def check(line):
+                if line == "boom":
+                    raise ValueError("no boom")
+                return ("k", line.upper())
+
+            flow = Dataflow("p")
+            op.output("out", op.map("check", op.input("inp", flow, FileSource("in.txt")), check), FileSink("out.txt"))
+            """
+        )
+    )
+    res = _cli(cwd, "run", "poison.py:flow")
+    assert res.returncode == 1 and "ValueError: no boom" in res.stderr
+    res = _cli(cwd, "run", "poison.py:flow", "--dead-letter", "dead", "--dead-letter-format", "json")
+    assert res.returncode == 0, res.stderr
+    assert (cwd / "out.txt").read_text().splitlines() == ["A", "C"]
+    (batch,) = os.listdir(cwd / "dead")
+    assert batch == "batch_id=1"
+    rows = [json.loads(ln) for f in os.listdir(cwd / "dead" / batch) for ln in (cwd / "dead" / batch / f).open()]
+    assert [(r["step_id"], r["error_type"], r["error_message"], r["item"]) for r in rows] == [
+        ("p.check.flat_map_batch", "ValueError", "no boom", "'boom'")
+    ]
+    assert "1 item(s) went to the dead letter" in res.stderr
