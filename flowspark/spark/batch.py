@@ -328,7 +328,9 @@ class _Job:
         from flowspark.deadletter import dead_letter_step
         from flowspark.spark.outputs import SparkDeadLetters
 
-        parts = [self.dfs[s].filter(F.col("p") == p).select("seq", "v") for s, p in self.plan.dead_ports() if s in self.dfs]
+        parts = [
+            self.dfs[s].filter(F.col("p") == p).select("seq", "v") for s, p in self.plan.dead_ports() if s in self.dfs
+        ]
         parts.extend(self.misfits)
         df = parts[0]
         for other in parts[1:]:
@@ -598,7 +600,10 @@ def _misfits(step_id: str, arrow_schema: Any) -> Callable[[Iterator[Any]], Itera
             if dead:
                 seqs = b.column(1).to_pylist()
                 yield pa.RecordBatch.from_arrays(
-                    [pa.array([seqs[i] for i, _r in dead], pa.binary()), pa.array([dumps(r) for _i, r in dead], pa.binary())],
+                    [
+                        pa.array([seqs[i] for i, _r in dead], pa.binary()),
+                        pa.array([dumps(r) for _i, r in dead], pa.binary()),
+                    ],
                     names=["seq", "v"],
                 )
 

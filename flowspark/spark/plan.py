@@ -29,7 +29,18 @@ from flowspark.runtime.driver import StepDriver
 #: `ROUTE` = 1024 ports per stage).
 DEAD_PORT = 1023
 
-__all__ = ["DEAD_PORT", "ColumnKey", "InspectPlan", "KeyedStep", "Op", "Plan", "Port", "SinkPlan", "StagePlan", "StageSpec"]
+__all__ = [
+    "DEAD_PORT",
+    "ColumnKey",
+    "InspectPlan",
+    "KeyedStep",
+    "Op",
+    "Plan",
+    "Port",
+    "SinkPlan",
+    "StagePlan",
+    "StageSpec",
+]
 
 
 @dataclass(frozen=True)
@@ -229,7 +240,9 @@ class Plan:
         """
         if sink is None:
             return self
-        stages = tuple(dataclasses.replace(st, spec=dataclasses.replace(st.spec, dead_letter=True)) for st in self.stages)
+        stages = tuple(
+            dataclasses.replace(st, spec=dataclasses.replace(st.spec, dead_letter=True)) for st in self.stages
+        )
         return dataclasses.replace(self, stages=stages, dead_letter=sink)
 
     def dead_ports(self) -> list[tuple[int, int]]:
@@ -286,7 +299,5 @@ class Plan:
         for ins in self.inspects:
             lines.append(f"inspect {ins.step_id}: shown at the driver <- stage{ins.port[0]}.port{ins.port[1]}")
         if self.dead_letter is not None:
-            lines.append(
-                f"dead letter: {self.dead_letter!r} <- port{DEAD_PORT} of every stage (items a step refused)"
-            )
+            lines.append(f"dead letter: {self.dead_letter!r} <- port{DEAD_PORT} of every stage (items a step refused)")
         return "\n".join(lines)

@@ -78,12 +78,16 @@ def test_batch_job_sends_the_same_items_to_the_dead_letter_as_in_memory(spark, t
     got = sorted((r.user, r.total) for r in spark.read.parquet(out_dir).collect())
     assert got == sorted(fits)
     dead = _dead(spark, dl)
-    assert {(s, t, i) for s, t, i, _b in dead} == WANT_DEAD and len(dead) == len(WANT_DEAD)
+    assert {(s, t, i) for s, t, i, _b in dead} == WANT_DEAD
+    assert len(dead) == len(WANT_DEAD)
     assert {b for *_r, b in dead} == {0}
     # A driver-side dead letter gets the rows in sequence order.
     rows: list = []
-    run(_flow(TestingSource(ROWS), SparkSink("parquet", out_dir, schema="user STRING, total LONG")), spark=spark,
-        dead_letter=TestingSink(rows))
+    run(
+        _flow(TestingSource(ROWS), SparkSink("parquet", out_dir, schema="user STRING, total LONG")),
+        spark=spark,
+        dead_letter=TestingSink(rows),
+    )
     assert {(d["step_id"], d["error_type"], d["item"]) for d in rows} == WANT_DEAD
     assert [d["batch_id"] for d in rows] == [0, 0, 0]
 
@@ -112,7 +116,9 @@ def test_stream_stuck_on_a_poison_row_goes_on_with_a_dead_letter_exactly_once(sp
     src_dir, out_dir, chk, dl = (str(tmp_path / d) for d in ("in", "out", "chk", "dead"))
     for i in range(0, len(ROWS), 2):
         _write_json(f"{src_dir}/{i:04d}.json", ROWS[i : i + 2])
-    src = SparkSource("json", src_dir, schema="user STRING, n LONG", options={"maxFilesPerTrigger": "1"}, streaming=True)
+    src = SparkSource(
+        "json", src_dir, schema="user STRING, n LONG", options={"maxFilesPerTrigger": "1"}, streaming=True
+    )
     sink = SparkSink("parquet", out_dir, schema="user STRING, total LONG")
     opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False}
     # Spark picks files of one modification time in any order: the first poison row met stops it.
@@ -120,13 +126,15 @@ def test_stream_stuck_on_a_poison_row_goes_on_with_a_dead_letter_exactly_once(sp
         run(_flow(src, sink), **opts)
     lines: list = []
     sr = run(_flow(src, sink), dead_letter=DeadLetterDir(dl), **{**opts, "progress": lines.append})
-    assert sr is not None and sr.lowered == {1: "Spark keys on column 'user'"}
+    assert sr is not None
+    assert sr.lowered == {1: "Spark keys on column 'user'"}
     fits, _ = _in_memory()
     got = sorted((r.user, r.total) for r in spark.read.parquet(out_dir).collect())
     assert per_key(got) == per_key(sorted(fits))
     assert os.path.isdir(os.path.join(out_dir, "_spark_metadata"))  # still Spark's exactly-once file sink
     dead = _dead(spark, dl)
-    assert {(s, t, i) for s, t, i, _b in dead} == WANT_DEAD and len(dead) == len(WANT_DEAD)
+    assert {(s, t, i) for s, t, i, _b in dead} == WANT_DEAD
+    assert len(dead) == len(WANT_DEAD)
     assert sum(int(x.split(", ")[1].split()[0]) for x in (ln for ln in lines) if "to the dead letter" in x) == 3
     assert any(" 1 to the dead letter" in ln for ln in lines)
     # A micro-batch that wrote its dead rows but was not committed (a crash) runs again: its rows are
@@ -161,11 +169,20 @@ def test_stream_dead_letter_at_the_driver_with_a_python_source(spark, tmp_path):
     dead: list = []
     flow = _flow(JsonlDirSource(root, ["a", "b"]), TestingSink(out))
     # A second reader of the source stage's port: the routed lowering carries dead rows along the chain.
-    op.output("raw", op.map("nums", op.input("inp2", flow, JsonlDirSource(root, ["a"])), lambda r: 1 // r["n"]),
-              TestingSink(raw))
+    op.output(
+        "raw",
+        op.map("nums", op.input("inp2", flow, JsonlDirSource(root, ["a"])), lambda r: 1 // r["n"]),
+        TestingSink(raw),
+    )
     lines: list = []
-    run(flow, spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", dead_letter=TestingSink(dead),
-        progress=lines.append)
+    run(
+        flow,
+        spark=spark,
+        checkpoint=str(tmp_path / "chk"),
+        trigger="available_now",
+        dead_letter=TestingSink(dead),
+        progress=lines.append,
+    )
     fits, _ = _in_memory()
     assert per_key([(r["user"], r["total"]) for r in out if isinstance(r["total"], int)]) == per_key(fits)
     got = {(d["step_id"], d["error_type"], d["item"]) for d in dead}
@@ -198,8 +215,15 @@ def test_kill_9_with_poison_rows_in_replayed_micro_batches(spark, tmp_path):
     from streaming_driver import build
 
     ref_dl = str(tmp_path / "ref_dead")
-    run(build(root, str(tmp_path / "ref_out")), spark=spark, checkpoint=str(tmp_path / "ref_chk"),
-        trigger="available_now", max_items=100, progress=False, dead_letter=ref_dl)
+    run(
+        build(root, str(tmp_path / "ref_out")),
+        spark=spark,
+        checkpoint=str(tmp_path / "ref_chk"),
+        trigger="available_now",
+        max_items=100,
+        progress=False,
+        dead_letter=ref_dl,
+    )
     want = sorted((r.user, r.n) for r in spark.read.json(str(tmp_path / "ref_out")).collect())
     assert len(want) == 1200
     chk, out, dl = str(tmp_path / "chk"), str(tmp_path / "out"), str(tmp_path / "dead")
@@ -215,8 +239,15 @@ def test_kill_9_with_poison_rows_in_replayed_micro_batches(spark, tmp_path):
     try:
         from streaming_driver import build as b2
 
-        run(b2(root, out), spark=spark, checkpoint=chk, trigger="available_now", max_items=100, progress=False,
-            dead_letter=dl)
+        run(
+            b2(root, out),
+            spark=spark,
+            checkpoint=chk,
+            trigger="available_now",
+            max_items=100,
+            progress=False,
+            dead_letter=dl,
+        )
     finally:
         del os.environ["FLOWSPARK_TEST_DEAD_LETTER"]
     assert sorted((r.user, r.n) for r in spark.read.json(out).collect()) == want

@@ -110,7 +110,8 @@ def test_dead_letter_dir_in_memory_has_one_directory_per_batch_id(tmp_path, fmt)
     assert os.listdir(path) == ["batch_id=1"]
     folder = os.path.join(path, "batch_id=1")
     files = sorted(os.listdir(folder))  # one file per pass that had some
-    assert files and all(f.startswith("part-") and f.endswith(f".{fmt}") for f in files)
+    assert files
+    assert all(f.startswith("part-") and f.endswith(f".{fmt}") for f in files)
     rows = []
     for name in files:
         if fmt == "json":
@@ -151,5 +152,6 @@ def test_record_unwraps_flowspark_errors_and_survives_a_broken_repr():
             raise ValueError("no")
 
     r = record("f.s", step_error("f.s", KeyError("k")), Ugly())
-    assert r["error_type"] == "KeyError" and r["error_message"] == "'k'"
+    assert r["error_type"] == "KeyError"
+    assert r["error_message"] == "'k'"
     assert r["item"].startswith("<Ugly whose repr() raised ValueError")

@@ -592,7 +592,8 @@ def test_run_dead_letter_option_in_memory(project):
         )
     )
     res = _cli(cwd, "run", "poison.py:flow")
-    assert res.returncode == 1 and "ValueError: no boom" in res.stderr
+    assert res.returncode == 1
+    assert "ValueError: no boom" in res.stderr
     res = _cli(cwd, "run", "poison.py:flow", "--dead-letter", "dead", "--dead-letter-format", "json")
     assert res.returncode == 0, res.stderr
     assert (cwd / "out.txt").read_text().splitlines() == ["A", "C"]

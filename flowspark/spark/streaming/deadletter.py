@@ -71,7 +71,9 @@ def _dead_writer(sink: DeadLetterDir, tag: str) -> Callable[[Iterator[Any]], Ite
         rows: list[Any] = []
         for b in batches:
             p = b.column(0)
-            dead = pc.and_(pc.greater_equal(p, 0), pc.equal(pc.bit_wise_and(p, pa.scalar(ROUTE - 1, p.type)), DEAD_PORT))
+            dead = pc.and_(
+                pc.greater_equal(p, 0), pc.equal(pc.bit_wise_and(p, pa.scalar(ROUTE - 1, p.type)), DEAD_PORT)
+            )
             if pc.any(dead).as_py():
                 rows.extend(loads_all(b.filter(dead).column(3).to_pylist()))
                 b = b.filter(pc.invert(dead))

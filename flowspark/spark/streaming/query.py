@@ -324,7 +324,9 @@ class StreamingRun:
         self.dead: Any = None
         self.dead_counts: dict[int, int] = {}
         #: A `DeadLetterDir` dead letter is written by the tasks (`flowspark.spark.streaming.deadletter`).
-        self.dead_dir: Optional[DeadLetterDir] = plan.dead_letter if isinstance(plan.dead_letter, DeadLetterDir) else None
+        self.dead_dir: Optional[DeadLetterDir] = (
+            plan.dead_letter if isinstance(plan.dead_letter, DeadLetterDir) else None
+        )
 
     # -- building ---------------------------------------------------------------
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
@@ -647,10 +649,12 @@ class StreamingRun:
         from pyspark.sql import functions as F  # noqa: N812
 
         if self.dead_dir is not None:
-            writer = self._spark_writer_sink()
-            file_sink = writer is not None and writer.sink.format not in ("kafka", "table")
+            files = self._spark_writer_sink()
+            skips = None
+            if files is not None and files.sink.format not in ("kafka", "table"):
+                skips = file_sink_written(files.sink.path)
             # Their micro-batches run again (unless Spark's file sink already wrote them: it skips them).
-            clear_uncommitted(self.dead_dir, self.checkpoint, file_sink_written(writer.sink.path) if file_sink else None)
+            clear_uncommitted(self.dead_dir, self.checkpoint, skips)
         last = self.build_routed() if self.routes is not None else self.build()
         qchk = os.path.join(self.checkpoint, "query")
         self._pinned()
@@ -711,7 +715,9 @@ class StreamingRun:
                 from flowspark.deadletter import dead_letter_step
                 from flowspark.spark.outputs import SparkDeadLetters
 
-                self.dead = SparkDeadLetters(self.spark, self.plan.dead_letter, dead_letter_step(self.plan.flow_id), True)
+                self.dead = SparkDeadLetters(
+                    self.spark, self.plan.dead_letter, dead_letter_step(self.plan.flow_id), True
+                )
             w = out.writeStream.foreachBatch(self._foreach_batch)
         w = w.option("checkpointLocation", qchk).queryName(f"flowspark_{self.plan.flow_id}")
         if trigger == "available_now":
