@@ -583,7 +583,9 @@ def stage_function(
         schema = pa.schema([("p", pa.int32()), ("k", pa.string()), ("seq", pa.binary()), ("v", pa.binary())])
 
         def port_batch(items: list[tuple[bytes, Any]]) -> Any:
-            cols = run_stage_rows(spec, items)
+            return cols_batch(run_stage_rows(spec, items))
+
+        def cols_batch(cols: tuple[list[int], list[Optional[str]], list[bytes], list[bytes]]) -> Any:
             if not cols[0]:
                 return None
             return pa.RecordBatch.from_arrays(
@@ -614,15 +616,7 @@ def stage_function(
                         cols: tuple[list[int], list[Optional[str]], list[bytes], list[bytes]] = ([], [], [], [])
                         dead_rows(dead, *cols)
                         dead.clear()
-                        yield pa.RecordBatch.from_arrays(
-                            [
-                                pa.array(cols[0], pa.int32()),
-                                pa.array(cols[1], pa.string()),
-                                pa.array(cols[2], pa.binary()),
-                                pa.array(cols[3], pa.binary()),
-                            ],
-                            schema=schema,
-                        )
+                        yield cols_batch(cols)
         except FlowsparkRuntimeError as f:
             raise RuntimeError(encode_task_error(f)) from None
 
