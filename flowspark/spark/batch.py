@@ -29,6 +29,7 @@ from flowspark.outputs import part_of
 from flowspark.spark.codec import HEAD_LEN, decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
 from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
+from flowspark.spark.session import default_parallelism, is_connect
 from flowspark.spark.worker import dict_rows, no_gc, stage_function
 
 __all__ = ["check_bounded", "column_key_refusal", "describe_keyed_state", "describe_stage", "run_plan", "seq_column"]
@@ -156,7 +157,8 @@ class _Job:
         self.now = now
         self.partitions = partitions
         self.chunk_size = chunk_size
-        self.parallelism = max(1, spark.sparkContext.defaultParallelism)
+        self.parallelism = default_parallelism(spark)
+        self.connect = is_connect(spark)
         self.dfs: dict[int, Any] = {}
         self.persisted: list[Any] = []
         self.loaded: dict[int, Any] = {}
@@ -251,11 +253,15 @@ class _Job:
             df = df.repartition(self.partitions, "k").sortWithinPartitions("k", "seq")
         return df
 
-    def rows_df(self, rows: Sequence[tuple[Optional[str], bytes, bytes]], slices: int) -> Any:
+    def rows_df(self, rows: Sequence[tuple[Optional[str], bytes, bytes]]) -> Any:
+        """One row per Spark partition (a source partition each), built without a SparkContext.
+
+        `spark.range(0, n, 1, n)` puts exactly one number in each of `n` partitions; a
+        small Arrow pass turns number i into row i (the rows travel in the function).
+        """
         if not rows:
             return self.spark.createDataFrame([], _IN_SCHEMA)
-        rdd = self.spark.sparkContext.parallelize(rows, numSlices=max(1, min(slices, len(rows))))
-        return self.spark.createDataFrame(rdd, _IN_SCHEMA)
+        return self.spark.range(0, len(rows), 1, len(rows)).mapInArrow(_pick_rows(list(rows)), _IN_SCHEMA)
 
     def chunks_df(self, rows: Sequence[tuple[Optional[str], bytes, bytes]]) -> Any:
         """Chunks of items as a DataFrame: through Arrow (no Python worker), `parallelism` partitions."""
@@ -266,7 +272,7 @@ class _Job:
         pdf = pd.DataFrame({"k": [r[0] for r in rows], "seq": [r[1] for r in rows], "v": [r[2] for r in rows]})
         df = self.spark.createDataFrame(pdf, _IN_SCHEMA)
         n = min(len(rows), self.parallelism)
-        return df if df.rdd.getNumPartitions() == n else df.repartition(n)
+        return df if not self.connect and df.rdd.getNumPartitions() == n else df.repartition(n)
 
     def source_df(self, st: StagePlan) -> Any:
         spec = st.spec
@@ -305,7 +311,7 @@ class _Job:
             raise
         except Exception as e:
             raise _fail(sid, e) from e
-        return self.rows_df(rows, len(rows))
+        return self.rows_df(rows)
 
     # -- sinks ----------------------------------------------------------------
     def run_sinks(self) -> None:
@@ -347,7 +353,11 @@ class _Job:
 
     def write_dynamic(self, sk: SinkPlan) -> None:
         df = self.port_df(*sk.port)
-        count = df.rdd.getNumPartitions()
+        if self.connect:  # no `rdd` to count partitions: give the sink a known number of them
+            count = self.parallelism
+            df = df.repartition(count)
+        else:
+            count = df.rdd.getNumPartitions()
         fn = _dynamic_writer(sk.step_id, sk.sink, count)
         _action(lambda: df.sortWithinPartitions("seq").mapInArrow(fn, "n long").collect())
 
@@ -564,6 +574,27 @@ def _fixed_writer(step_id: str, sink: Any, keys: list[str]) -> Callable[[Iterato
         yield pa.RecordBatch.from_pydict({"n": pa.array([n], pa.int64())})
 
     return _guard(step_id, body)
+
+
+def _pick_rows(rows: list[tuple[Optional[str], bytes, bytes]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
+    """`id` rows of `spark.range` -> `rows[id]` as `(k, seq, v)` rows (see `_Job.rows_df`)."""
+
+    def fn(batches: Iterator[Any]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        for b in batches:
+            picked = [rows[i] for i in b.column(0).to_pylist()]
+            if picked:
+                yield pa.RecordBatch.from_arrays(
+                    [
+                        pa.array([r[0] for r in picked], pa.string()),
+                        pa.array([r[1] for r in picked], pa.binary()),
+                        pa.array([r[2] for r in picked], pa.binary()),
+                    ],
+                    names=["k", "seq", "v"],
+                )
+
+    return fn
 
 
 def _to_rows(step_id: str, arrow_schema: Any, skip_misfits: bool = False) -> Callable[[Iterator[Any]], Iterator[Any]]:

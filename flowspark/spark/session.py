@@ -16,8 +16,10 @@ __all__ = [
     "DEFAULT_CONF",
     "MasterUnreachableError",
     "check_master",
+    "default_parallelism",
     "ensure_workers",
     "get_session",
+    "is_connect",
     "open_session",
     "quiet_logs",
     "ship_user_modules",
@@ -92,8 +94,8 @@ def ship_user_modules() -> list[str]:
 
 _BY_VALUE: set[str] = set()
 
-#: SparkContexts (by id) whose Python workers were seen to import this flowspark.
-_READY: set[int] = set()
+#: Sessions (SparkContext ids, Connect session ids) whose Python workers were seen to import this flowspark.
+_READY: set[Any] = set()
 
 # The probe is compiled from source in a module of its own name, so it travels to the
 # workers by value: it must run where flowspark cannot be imported.
@@ -111,10 +113,79 @@ def probe(_):
 """
 
 
-def _probe(sc: Any) -> tuple[str, str, str]:
+# The same probe as a `mapInArrow` function, for sessions without a SparkContext (Spark Connect).
+_PROBE_ARROW_SRC = """
+def probe_batches(batches):
+    import pyarrow as pa
+    for _ in batches:
+        pass
+    status, what, exe = probe(0)
+    yield pa.RecordBatch.from_pydict({"status": [status], "what": [what], "exe": [exe]})
+"""
+
+
+def is_connect(spark: Any) -> bool:
+    """Tell whether `spark` is a Spark Connect session (`SparkSession.builder.remote("sc://...")`).
+
+    Such a session has no `sparkContext`: jobs are sent to a server, whose Python
+    workers run flowspark's functions; flowspark reaches them through Connect's
+    artifact upload.
+
+    Args:
+        spark: A SparkSession.
+
+    Returns:
+        True for a Spark Connect session.
+    """
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def _session_key(spark: Any) -> Any:
+    return ("connect", spark.session_id) if is_connect(spark) else id(spark.sparkContext)
+
+
+_PARALLELISM: dict[Any, int] = {}
+
+
+def default_parallelism(spark: Any) -> int:
+    """The session's default parallelism (`SparkContext.defaultParallelism`), also through Spark Connect.
+
+    A Connect session has no SparkContext: the figure is read once per session as the
+    number of partitions Spark gives `spark.range` (which uses the default parallelism).
+
+    Args:
+        spark: A SparkSession.
+
+    Returns:
+        At least 1.
+    """
+    if not is_connect(spark):
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    key = _session_key(spark)
+    if key not in _PARALLELISM:
+        from pyspark.sql import functions as F  # noqa: N812
+
+        top = spark.range(0, 1 << 16).select(F.spark_partition_id().alias("p")).agg(F.max("p").alias("p")).first()
+        _PARALLELISM[key] = max(1, int(top["p"]) + 1)
+    return _PARALLELISM[key]
+
+
+def _probe(spark: Any) -> tuple[str, str, str]:
     ns: dict[str, Any] = {"__name__": "flowspark_worker_probe"}
     exec(compile(_PROBE_SRC, "<flowspark worker probe>", "exec"), ns)  # noqa: S102
-    return tuple(sc.parallelize([0], 1).map(ns["probe"]).collect()[0])  # type: ignore[return-value]
+    if not is_connect(spark):
+        return tuple(spark.sparkContext.parallelize([0], 1).map(ns["probe"]).collect()[0])  # type: ignore[return-value]
+    exec(compile(_PROBE_ARROW_SRC, "<flowspark worker probe>", "exec"), ns)  # noqa: S102
+    row = spark.range(0, 1, 1, 1).mapInArrow(ns["probe_batches"], "status string, what string, exe string").first()
+    return (row["status"], row["what"], row["exe"])
+
+
+def _ship_package(spark: Any) -> None:
+    """Ship flowspark to the session's Python workers: `addPyFile` (classic) or an artifact upload (Connect)."""
+    if is_connect(spark):
+        spark.addArtifacts(_package_zip(), pyfile=True)
+    else:
+        spark.sparkContext.addPyFile(_package_zip())
 
 
 def _package_zip() -> str:
@@ -142,7 +213,9 @@ def ensure_workers(spark: Any) -> None:
     runs the first `python3` on PATH unless `PYSPARK_PYTHON` is set), one without
     flowspark or with another version. One small probe job per SparkContext checks;
     when flowspark is missing or differs, flowspark ships itself (`addPyFile` of a zip
-    of the package, as it ships the user's modules) and checks again.
+    of the package, as it ships the user's modules) and checks again. A Spark Connect
+    session is checked the same way (one probe per Connect session); the zip travels as
+    a Python artifact (`spark.addArtifacts(..., pyfile=True)`).
 
     Args:
         spark: The SparkSession.
@@ -155,18 +228,15 @@ def ensure_workers(spark: Any) -> None:
     import flowspark
     from flowspark.errors import WorkerEnvironmentError
 
-    try:
-        sc = spark.sparkContext
-    except Exception:  # noqa: BLE001
-        return  # a Spark Connect session: its server's workers are set up by the server
-    if id(sc) in _READY:
+    key = _session_key(spark)
+    if key in _READY:
         return
     want = flowspark.__version__
     try:
-        status, what, exe = _probe(sc)
+        status, what, exe = _probe(spark)
         if status != "ok" or what != want:
-            sc.addPyFile(_package_zip())
-            status, what, exe = _probe(sc)
+            _ship_package(spark)
+            status, what, exe = _probe(spark)
     except WorkerEnvironmentError:
         raise
     except Exception as e:
@@ -188,7 +258,7 @@ def ensure_workers(spark: Any) -> None:
             f"package did not take precedence; install flowspark {want} there or set PYSPARK_PYTHON={sys.executable}"
         )
         raise WorkerEnvironmentError(msg)
-    _READY.add(id(sc))
+    _READY.add(key)
 
 
 def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None) -> Any:

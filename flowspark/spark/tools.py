@@ -27,6 +27,7 @@ __all__ = [
     "MasterUnreachableError",
     "Progress",
     "check_master",
+    "explain_string",
     "open_session",
     "physical_plans",
     "quiet_logs",
@@ -58,13 +59,21 @@ def physical_plans(plan: Any, spark: Any, mode: str = "formatted") -> list[tuple
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
     job = _Job(plan, spark, now, partitions, 20_000)
     out = []
-    jvm = spark.sparkContext._jvm
     for st in plan.stages:
         df = job.stage_input(st).mapInArrow(stage_function(st.spec, now), _ROW_SCHEMA)
         job.dfs[st.spec.stage_id] = df
-        text = jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), mode)
-        out.append((st.spec.stage_id, str(text).rstrip()))
+        out.append((st.spec.stage_id, explain_string(spark, df, mode)))
     return out
+
+
+def explain_string(spark: Any, df: Any, mode: str) -> str:
+    """Spark's `explain(mode)` text of `df` as a string, on a classic or a Spark Connect session."""
+    from flowspark.spark.session import is_connect
+
+    if is_connect(spark):
+        return str(df._explain_string(mode=mode)).rstrip()
+    jvm = spark.sparkContext._jvm
+    return str(jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), mode)).rstrip()
 
 
 def _fmt(n: int) -> str:
@@ -394,8 +403,4 @@ def streaming_physical_plans(flow: Any, spark: Any, buckets: int, mode: str = "f
     }
     sr = StreamingRun(plan, spark, options)
     sr.build()
-    jvm = spark.sparkContext._jvm
-    return [
-        (sid, str(jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), mode)).rstrip())
-        for sid, df in sorted(sr.dfs.items())
-    ]
+    return [(sid, explain_string(spark, df, mode)) for sid, df in sorted(sr.dfs.items())]

@@ -36,6 +36,7 @@ from flowspark.spark.compiler import as_graph, compile_flow
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink, infer_schema, write_rows
 from flowspark.spark.plan import DEAD_PORT, Plan, SinkPlan, StagePlan, StageSpec
+from flowspark.spark.session import default_parallelism, is_connect
 from flowspark.spark.streaming.checkpoint import (
     check_flag,
     check_layout,
@@ -52,6 +53,7 @@ from flowspark.spark.streaming.deadletter import (
     task_batch_id,
     write_task_rows,
 )
+from flowspark.spark.streaming.outbox import Outbox
 from flowspark.spark.streaming.routing import (
     ROUTE,
     TICK_ROUTE,
@@ -323,6 +325,10 @@ class StreamingRun:
         #: With a dead letter: its writer, and the rows written per micro-batch id (progress line).
         self.dead: Any = None
         self.dead_counts: dict[int, int] = {}
+        #: Where the outputs handed to this process go first (`flowspark.spark.streaming.outbox`).
+        self.outbox = Outbox(spark, self.checkpoint)
+        #: Spark Connect: `foreachBatch` would run on the server, so those outputs go through the outbox.
+        self.connect = is_connect(spark)
         #: A `DeadLetterDir` dead letter is written by the tasks (`flowspark.spark.streaming.deadletter`).
         self.dead_dir: Optional[DeadLetterDir] = (
             plan.dead_letter if isinstance(plan.dead_letter, DeadLetterDir) else None
@@ -357,7 +363,7 @@ class StreamingRun:
             self.max_items,
             stage=dataclasses.replace(spec, source="chunks"),  # the reader hands chunk rows to the stage
             clock=self.clock,
-            tasks=self.spark.sparkContext.defaultParallelism,
+            tasks=default_parallelism(self.spark),
         )
         return self.spark.readStream.format(pysource.FORMAT).options(**opts).load()
 
@@ -598,9 +604,16 @@ class StreamingRun:
         sinks = self.plan.sinks
         if self.plan.dead_letter is not None and self.dead_dir is None:
             return None  # the dead letter is an output too: every output goes through foreachBatch
+        if self.connect and not self._spark_writes(sinks):
+            return None  # its `foreachBatch` would run on the server: the sink gets its rows here (outbox)
         if len(sinks) == 1 and sinks[0].where == "native" and not self.plan.inspects:
             return sinks[0]
         return None
+
+    @staticmethod
+    def _spark_writes(sinks: list[SinkPlan]) -> bool:
+        """Whether the only output is a `SparkSink` with a schema (Spark's own streaming writer takes it)."""
+        return len(sinks) == 1 and isinstance(sinks[0].sink, SparkSink) and sinks[0].sink.schema is not None
 
     def _spark_writer_sink(self) -> Optional[SinkPlan]:
         """The lone native sink when Spark's own streaming writer takes its rows: a `SparkSink` with a schema.
@@ -718,7 +731,12 @@ class StreamingRun:
                 self.dead = SparkDeadLetters(
                     self.spark, self.plan.dead_letter, dead_letter_step(self.plan.flow_id), True
                 )
-            w = out.writeStream.foreachBatch(self._foreach_batch)
+            if self.connect:
+                w = self.outbox.writer(out)
+            else:
+                w = out.writeStream.foreachBatch(self._foreach_batch)
+            if self.outbox.exists():
+                self.deliver()  # what an earlier run committed but did not hand over
         w = w.option("checkpointLocation", qchk).queryName(f"flowspark_{self.plan.flow_id}")
         if trigger == "available_now":
             w = w.trigger(availableNow=True)
@@ -746,15 +764,37 @@ class StreamingRun:
             except Exception as e:
                 raise _fail(sk.step_id, e) from e
 
-    def _foreach_batch(self, df: Any, batch_id: int) -> None:
-        import pyarrow.compute as pc
+    def deliver(self) -> None:
+        """Hand the outbox's committed, undelivered micro-batches to the sinks, `inspect` and the dead letter."""
+        with self.outbox.lock:
+            for batch_id, table in self.outbox.pending():
+                self._deliver(table, batch_id)
+                self.outbox.done(batch_id)
 
+    def deliver_or_stop(self) -> None:
+        """`deliver`, from the listener's thread: a failure is kept (`_wait` raises it) and stops the query."""
+        if self._error is not None:
+            return
+        try:
+            self.deliver()
+        except Exception as e:  # noqa: BLE001
+            self._error = e if isinstance(e, FlowsparkError) else _fail("sink", e)
+            if self.query is not None:
+                _stop_between_batches(self.query)
+
+    def _foreach_batch(self, df: Any, batch_id: int) -> None:
         try:
             table = df.toArrow()
         except Exception as e:
             err = decode_task_error(str(e))
             self._error = err if err is not None else e
             raise
+        self._deliver(table, batch_id)
+
+    def _deliver(self, table: Any, batch_id: int) -> None:
+        """Hand one micro-batch's `(st, p, seq, v)` rows to the sinks, `inspect` and the dead letter, in order."""
+        import pyarrow.compute as pc
+
         if table.num_rows:
             order = pc.sort_indices(table, sort_keys=[("seq", "ascending"), ("st", "ascending"), ("p", "ascending")])
             table = table.take(order)
@@ -936,6 +976,8 @@ class _Listener:
             return
         if p.get("runId") != str(query.runId):
             return  # another query of the same name (e.g. a late event of an earlier run)
+        if self.run.connect:
+            self.run.deliver_or_stop()
         if self.show is not None:
             dead = self.run.dead_count(int(p.get("batchId", -1)))
             self.show(_progress_line(p, self.run.counts(), dead))
@@ -1128,6 +1170,8 @@ def run_streaming(
         lst.started()
         _wait(sr, query, lst, trigger, timeout)
         lst.drain(query)
+        if sr.connect:
+            sr.deliver()  # the micro-batches committed since the last progress event
     finally:
         spark.streams.removeListener(spark_listener)
         if listener is not None:
@@ -1187,6 +1231,9 @@ def _wait(sr: StreamingRun, query: Any, lst: _Listener, trigger: Optional[str], 
         exc = query.exception()
         if exc is not None:
             _raise_query_error(sr, exc)
+        if sr._error is not None:  # noqa: SLF001 - a sink failed at this process (outbox): the query was stopped
+            err = sr._error  # noqa: SLF001
+            raise err from err.__cause__
     finally:
         if old is not None:
             signal.signal(signal.SIGINT, old)
