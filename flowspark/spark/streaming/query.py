@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
@@ -611,7 +611,7 @@ class StreamingRun:
         return None
 
     @staticmethod
-    def _spark_writes(sinks: list[SinkPlan]) -> bool:
+    def _spark_writes(sinks: Sequence[SinkPlan]) -> bool:
         """Whether the only output is a `SparkSink` with a schema (Spark's own streaming writer takes it)."""
         return len(sinks) == 1 and isinstance(sinks[0].sink, SparkSink) and sinks[0].sink.schema is not None
 
