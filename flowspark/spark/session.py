@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_CONF",
     "MasterUnreachableError",
     "check_master",
+    "check_streaming_workers",
     "default_parallelism",
     "ensure_workers",
     "get_session",
@@ -96,6 +97,38 @@ _BY_VALUE: set[str] = set()
 
 #: Sessions (SparkContext ids, Connect session ids) whose Python workers were seen to import this flowspark.
 _READY: set[Any] = set()
+#: Sessions flowspark was shipped to (their workers lack it, or run another version): the workers' interpreter.
+_SHIPPED: dict[Any, str] = {}
+
+
+def check_streaming_workers(spark: Any) -> None:
+    """Stop before a streaming query on a Spark Connect server whose Python lacks this flowspark.
+
+    Spark applies the artifacts a Connect client uploads (how flowspark ships itself,
+    `ensure_workers`) to batch jobs, but not to the tasks of a streaming query nor to
+    the planning of a Python data source (Spark 4.3: both fail with `No module named
+    'flowspark'`). Call after `ensure_workers`.
+
+    Args:
+        spark: The SparkSession.
+
+    Raises:
+        WorkerEnvironmentError: One line with the server's interpreter and what to install.
+    """
+    import flowspark
+    from flowspark.errors import WorkerEnvironmentError
+
+    exe = _SHIPPED.get(_session_key(spark))
+    if exe is None or not is_connect(spark):
+        return
+    msg = (
+        f"the Spark Connect server's Python workers ({exe}) cannot import flowspark {flowspark.__version__}: "
+        "flowspark ships itself to them for batch jobs, but Spark does not give a streaming query's tasks "
+        f"what a Connect client uploads; install flowspark[spark]=={flowspark.__version__} in the Python the "
+        "server runs its workers with (the server's PYSPARK_PYTHON)"
+    )
+    raise WorkerEnvironmentError(msg)
+
 
 # The probe is compiled from source in a module of its own name, so it travels to the
 # workers by value: it must run where flowspark cannot be imported.
@@ -236,6 +269,7 @@ def ensure_workers(spark: Any) -> None:
         status, what, exe = _probe(spark)
         if status != "ok" or what != want:
             _ship_package(spark)
+            _SHIPPED[key] = exe
             status, what, exe = _probe(spark)
     except WorkerEnvironmentError:
         raise

@@ -1126,7 +1126,7 @@ def run_streaming(
         allowed = " or ".join(map(repr, LAYOUTS))
         msg = f"flowspark.spark.run: state_layout must be {allowed}; received {state_layout!r}"
         raise FlowsparkTypeError(msg)
-    from flowspark.spark.session import ensure_workers, ship_user_modules
+    from flowspark.spark.session import check_streaming_workers, ensure_workers, ship_user_modules
 
     dead_sink = dead_letter_arg("flowspark.spark.run", dead_letter)
     ship_user_modules()
@@ -1141,6 +1141,7 @@ def run_streaming(
 
         spark = get_session()
     ensure_workers(spark)
+    check_streaming_workers(spark)
     show: Optional[Callable[[str], None]]
     if progress is True:
         show = print
