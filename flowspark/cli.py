@@ -1,7 +1,8 @@
 """The `flowspark` command line (also `python -m flowspark`).
 
 ```
-flowspark run IMPORT_STR [--runtime local|spark] [--master URL] [--checkpoint DIR]
+flowspark run IMPORT_STR [--runtime local|spark] [--master URL | --remote sc://HOST:PORT]
+                         [--checkpoint DIR]
                          [--trigger available_now|"N seconds"] [--conf key=value ...]
 flowspark plan IMPORT_STR [--format text|mermaid|json] [-r] [--spark [--no-physical]]
 flowspark submit IMPORT_STR --master spark://HOST:PORT [--archives env.tar.gz#environment]
@@ -15,9 +16,10 @@ with literal arguments. `python -m flowspark.run` stays the Bytewax-style
 shortcut for the in-memory executor.
 
 `run` uses the in-memory executor unless `--runtime spark` is given (or any of
-`--master`, `--checkpoint`, `--trigger`, `--conf`, which only make sense on
-Spark). On Spark, a flow whose sources are all bounded runs as batch jobs and
-shows its progress on stderr; `--checkpoint` / `--trigger` or an unbounded
+`--master`, `--remote`, `--checkpoint`, `--trigger`, `--conf`, which only make
+sense on Spark; `--remote` runs through a Spark Connect server). On Spark, a
+flow whose sources are all bounded runs as batch jobs and shows its progress
+on stderr; `--checkpoint` / `--trigger` or an unbounded
 source need the streaming runtime.
 
 Every problem with the command line or the flow's setup (a bad import string,
@@ -72,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="local: the in-memory executor (default); spark: Apache Spark",
     )
     run.add_argument("--master", metavar="URL", help="Spark master (default local[*]); implies --runtime spark")
+    run.add_argument(
+        "--remote",
+        metavar="sc://HOST:PORT",
+        help="run through a Spark Connect server (e.g. sc://localhost:15002); implies --runtime spark",
+    )
     run.add_argument("--checkpoint", metavar="DIR", help="streaming checkpoint directory (Spark streaming)")
     run.add_argument(
         "--trigger",
@@ -362,10 +369,13 @@ def _unbounded_inputs(flow: Any) -> list[str]:
 def _cmd_run(args: argparse.Namespace) -> int:
     spark_only = [
         f"--{name.replace('_', '-')}"
-        for name in ("master", "checkpoint", "trigger", "timeout", "buckets", "state_layout")
+        for name in ("master", "remote", "checkpoint", "trigger", "timeout", "buckets", "state_layout")
         if getattr(args, name) is not None
     ] + (["--conf"] if args.conf else [])
     runtime = args.runtime or ("spark" if spark_only else "local")
+    if args.master is not None and args.remote is not None:
+        msg = "--master and --remote: give one (--remote runs through a Spark Connect server, which has its own master)"
+        raise CliError(msg)
     if runtime == "local" and spark_only:
         msg = f"{', '.join(spark_only)}: only for --runtime spark; drop them or use --runtime spark"
         raise CliError(msg)
@@ -388,7 +398,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     plan = compile_flow(flow)  # compile errors before starting a session
     if args.explain:
         print(plan)
-    spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}")
+    spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}", remote=args.remote)
     if args.no_progress:
         run(flow, spark=spark, state_ttl=args.state_ttl, dead_letter=_dead_letter(args))
     else:
@@ -444,7 +454,7 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
     from flowspark.spark.session import open_session
     from flowspark.spark.streaming import run_streaming as _run
 
-    spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}")
+    spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}", remote=args.remote)
     progress: Any = False if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
     _run(
         flow,

@@ -17,6 +17,7 @@ __all__ = [
     "MasterUnreachableError",
     "check_master",
     "check_streaming_workers",
+    "connect_session",
     "default_parallelism",
     "ensure_workers",
     "get_session",
@@ -376,22 +377,77 @@ def check_master(master: str, timeout: float = 3.0) -> None:
     raise MasterUnreachableError(msg)
 
 
-def open_session(master: str, conf: Optional[dict[str, str]] = None, app_name: str = "flowspark") -> Any:
+def open_session(
+    master: str, conf: Optional[dict[str, str]] = None, app_name: str = "flowspark", remote: Optional[str] = None
+) -> Any:
     """Return a SparkSession on `master` (checked first when it is `spark://`), quiet as `get_session` makes it.
 
     Args:
         master: The master URL.
         conf: Extra settings (over `flowspark.spark.session.DEFAULT_CONF`).
         app_name: The application name.
+        remote: A Spark Connect URL (`sc://HOST:PORT[/;params]`): a Connect session
+            instead (then `master` is ignored; `conf` is set on the session).
 
     Returns:
         The session.
 
     Raises:
-        MasterUnreachableError: A `spark://` master cannot be reached.
+        MasterUnreachableError: A `spark://` master or the Connect server cannot be reached.
     """
+    if remote is not None:
+        return connect_session(remote, conf)
     check_master(master)
     return get_session(master, {"spark.app.name": app_name, **(conf or {})})
+
+
+def connect_session(url: str, conf: Optional[dict[str, str]] = None) -> Any:
+    """A Spark Connect session on `url`, its server checked first.
+
+    Args:
+        url: `sc://HOST:PORT[/;params]` (port default 15002).
+        conf: Settings to set on the session (runtime settings only, as Connect allows).
+
+    Returns:
+        The session.
+
+    Raises:
+        MasterUnreachableError: The URL is malformed, the server does not accept a
+            connection, or a setting is refused.
+    """
+    try:
+        parsed = urlparse(url)
+        host, port, scheme = parsed.hostname, parsed.port or 15002, parsed.scheme
+    except ValueError:
+        host, port, scheme = None, 15002, ""
+    if scheme != "sc" or not host:
+        msg = f"Spark Connect URL {url!r} is not sc://HOST[:PORT]; e.g. sc://localhost:15002"
+        raise MasterUnreachableError(msg)
+    try:
+        with socket.create_connection((host, port), timeout=3.0):
+            pass
+    except OSError as e:
+        msg = (
+            f"cannot reach the Spark Connect server {url} ({host}:{port}: {e.strerror or e}); start it "
+            "(`$SPARK_HOME/sbin/start-connect-server.sh`) or fix --remote"
+        )
+        raise MasterUnreachableError(msg) from None
+    try:
+        import pyspark.sql.connect.session  # noqa: F401 - fails without the Connect client's dependencies
+    except ImportError as e:
+        msg = f"a Spark Connect session needs pyspark's Connect client ({e}); install pyspark[connect]"
+        raise MasterUnreachableError(msg) from None
+    from pyspark.sql import SparkSession
+
+    # Through pyspark.sql's builder, which also switches pyspark's functions to Connect mode.
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    for k, v in (conf or {}).items():
+        try:
+            spark.conf.set(k, v)
+        except Exception as e:  # noqa: BLE001
+            msg = f"the Spark Connect server refused the setting {k}={v} ({' '.join(str(e).split())[:200]})"
+            raise MasterUnreachableError(msg) from None
+    return spark
 
 
 _LOG4J2 = """# Written by flowspark: keep Spark's console quiet (the flowspark CLI reports errors itself).

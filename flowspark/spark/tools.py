@@ -111,6 +111,40 @@ class Progress:
         self._last_time = 0.0
         #: Off a terminal, an unchanged line is repeated only after this many seconds.
         self.quiet_repeat = 30.0
+        from flowspark.spark.session import is_connect
+
+        #: Spark Connect: no status store to read; the server reports stages to a progress handler.
+        self._connect = spark is not None and is_connect(spark)
+        self._connect_stages: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+
+    def _on_connect_progress(self, stages: Any, inflight_tasks: int, operation_id: Any, done: bool) -> None:
+        """Spark Connect's progress handler: the server reports the stages of each running operation."""
+        with self._lock:
+            for st in stages or ():
+                self._connect_stages[(operation_id, st.stage_id)] = [
+                    st.num_tasks,
+                    st.num_completed_tasks,
+                    st.num_bytes_read,
+                    bool(st.done),
+                ]
+            if done:  # the operation ended: none of its stages still runs
+                for (op, _sid), row in self._connect_stages.items():
+                    if op == operation_id:
+                        row[1], row[3] = row[0], True
+
+    def _connect_snapshot(self) -> dict[str, int]:
+        counts = dict.fromkeys(("stages", "done", "running", "tasks", "tasks_done", "bytes_read"), 0)
+        with self._lock:
+            stages = [tuple(row) for row in self._connect_stages.values()]
+        for tasks, tasks_done, read, done in stages:
+            counts["stages"] += 1
+            counts["done"] += done
+            counts["running"] += not done
+            counts["tasks"] += tasks
+            counts["tasks_done"] += tasks_done
+            counts["bytes_read"] += read
+        return counts
 
     def _stages(self) -> list[Any]:
         sc = self.spark.sparkContext
@@ -125,7 +159,11 @@ class Progress:
 
         Returns:
             `stages`, `done`, `running`, `tasks`, `tasks_done`, `rows_read`, `rows_written`.
+            Through Spark Connect the server reports no row counts: `bytes_read` (input
+            bytes) comes instead of `rows_read` and `rows_written`.
         """
+        if self._connect:
+            return self._connect_snapshot()
         counts = dict.fromkeys(("stages", "done", "running", "tasks", "tasks_done", "rows_read", "rows_written"), 0)
         for s in self._stages():
             if self._first_stage is not None and s.stageId() < self._first_stage:
@@ -159,11 +197,13 @@ class Progress:
             >>> p.line(c, 12.3)
             'flowspark: 12s stages 3/5 done (1 running, tasks 7/8) rows read 10,000 written 9,000'
         """
-        return (
+        head = (
             f"flowspark: {elapsed:.0f}s stages {counts['done']}/{counts['stages']} done "
             f"({counts['running']} running, tasks {counts['tasks_done']}/{counts['tasks']}) "
-            f"rows read {_fmt(counts['rows_read'])} written {_fmt(counts['rows_written'])}"
         )
+        if "bytes_read" in counts:  # Spark Connect
+            return head + f"input {_fmt(counts['bytes_read'])} bytes"
+        return head + f"rows read {_fmt(counts['rows_read'])} written {_fmt(counts['rows_written'])}"
 
     def _emit(self, final: bool = False) -> None:
         try:
@@ -194,6 +234,8 @@ class Progress:
 
     def __enter__(self) -> Progress:
         """Start reporting."""
+        if self._connect:
+            self.spark.registerProgressHandler(self._on_connect_progress)
         try:
             stages = self._stages()
             self._first_stage = max((s.stageId() for s in stages), default=-1) + 1
@@ -209,6 +251,8 @@ class Progress:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if self._connect:
+            self.spark.removeProgressHandler(self._on_connect_progress)
         if self._printed and exc_type is None:
             self._emit(final=True)
 
