@@ -10,6 +10,7 @@ end of input emits (`*_final` operators, windows and `collect` closing at EOF, `
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -49,13 +50,39 @@ def _split_in_two_runs(flow: Any) -> None:
                 src._ib = [*items[:half], TestingSource.EOF(), *items[half:]]  # noqa: SLF001
 
 
-@pytest.fixture(
-    params=[
+#: `sc://HOST:PORT`: the suite runs through that Spark Connect server instead, on the runtimes
+#: "spark-connect" (batch) and "spark-connect-streaming" (tests/spark/test_connect.py sets it in a
+#: process of its own: a Connect session switches pyspark to Connect mode for the whole process).
+_CONNECT = os.environ.get("FLOWSPARK_TEST_CONNECT")
+
+#: Runtimes that behave as another one (the `notimpl` markers name the latter).
+_SAME_AS = {"spark-connect": "spark", "spark-connect-streaming": "spark-streaming"}
+
+_PARAMS = (
+    [
         "local",
         pytest.param("spark", marks=pytest.mark.spark),
         pytest.param("spark-streaming", marks=[pytest.mark.spark, pytest.mark.slow]),
     ]
+    if not _CONNECT
+    else [
+        pytest.param("spark-connect", marks=pytest.mark.spark),
+        pytest.param("spark-connect-streaming", marks=[pytest.mark.spark, pytest.mark.slow]),
+    ]
 )
+
+
+@pytest.fixture(scope="session")
+def connect_spark():
+    """A Spark Connect session on the server `FLOWSPARK_TEST_CONNECT` names."""
+    from pyspark.sql import SparkSession  # noqa: TID251
+
+    session = SparkSession.builder.remote(_CONNECT).getOrCreate()
+    yield session
+    session.stop()
+
+
+@pytest.fixture(params=_PARAMS)
 def runtime(request, tmp_path):
     if request.param == "local":
 
@@ -68,8 +95,8 @@ def runtime(request, tmp_path):
                 run_main(flow, clock="fixed", start_time=start_time, roundtrip_state=True)
 
         return Runtime("local", run_local)
-    spark = request.getfixturevalue("spark")
-    if request.param == "spark-streaming":
+    spark = request.getfixturevalue("connect_spark" if _CONNECT else "spark")
+    if _SAME_AS.get(request.param, request.param) == "spark-streaming":
         from flowspark.spark.streaming import run_streaming
 
         def run_stream(flow, start_time):
@@ -86,13 +113,13 @@ def runtime(request, tmp_path):
                     max_items=1000,
                 )
 
-        return Runtime("spark-streaming", run_stream)
+        return Runtime(request.param, run_stream)
     from flowspark.spark import run
 
     def run_spark(flow, start_time):
         run(flow, spark=spark, start_time=start_time)
 
-    return Runtime("spark", run_spark)
+    return Runtime(request.param, run_spark)
 
 
 @dataclass(frozen=True)
@@ -115,6 +142,7 @@ def pytest_pyfunc_call(pyfuncitem):
     """
     callspec = getattr(pyfuncitem, "callspec", None)
     name = callspec.params.get("runtime") if callspec is not None else None
+    name = _SAME_AS.get(name, name)
     marker = next(
         (m for m in pyfuncitem.iter_markers("notimpl") if name is not None and name in m.args[0]),
         None,

@@ -771,17 +771,6 @@ class StreamingRun:
                 self._deliver(table, batch_id)
                 self.outbox.done(batch_id)
 
-    def deliver_or_stop(self) -> None:
-        """`deliver`, from the listener's thread: a failure is kept (`_wait` raises it) and stops the query."""
-        if self._error is not None:
-            return
-        try:
-            self.deliver()
-        except Exception as e:  # noqa: BLE001
-            self._error = e if isinstance(e, FlowsparkError) else _fail("sink", e)
-            if self.query is not None:
-                _stop_between_batches(self.query)
-
     def _foreach_batch(self, df: Any, batch_id: int) -> None:
         try:
             table = df.toArrow()
@@ -976,8 +965,6 @@ class _Listener:
             return
         if p.get("runId") != str(query.runId):
             return  # another query of the same name (e.g. a late event of an earlier run)
-        if self.run.connect:
-            self.run.deliver_or_stop()
         if self.show is not None:
             dead = self.run.dead_count(int(p.get("batchId", -1)))
             self.show(_progress_line(p, self.run.counts(), dead))
@@ -1199,9 +1186,43 @@ def _await(sr: StreamingRun, query: Any, seconds: float) -> None:
         _raise_query_error(sr, e)
 
 
+def _input_rows(progress: Any) -> int:
+    """A `StreamingQueryProgress`'s input rows (through Spark Connect, its `["numInputRows"]` is None)."""
+    n = progress["numInputRows"]
+    if n is None:
+        n = getattr(progress, "numInputRows", None)
+    if n is None:
+        sources = progress["sources"] or []
+        n = sum(int(src["numInputRows"]) for src in sources)
+    return int(n)
+
+
+def _deliver_new(sr: StreamingRun, query: Any, lst: _Listener, seen: list[int]) -> None:
+    """Spark Connect: hand over the outbox's micro-batches once a new one reported progress.
+
+    Runs on the waiting thread, never in the listener's callback: a Connect call made
+    from inside the listener's thread can wait forever on the server (seen with Spark
+    4.3: `awaitTermination` and the outbox read both hung). A sink failing here stops
+    the query and raises.
+    """
+    if not sr.connect:
+        return
+    with lst.cond:
+        last = lst.last_batch
+    if last <= seen[0]:
+        return
+    seen[0] = last
+    try:
+        sr.deliver()
+    except BaseException:
+        _stop_between_batches(query)
+        raise
+
+
 def _wait(sr: StreamingRun, query: Any, lst: _Listener, trigger: Optional[str], timeout: Optional[float]) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     interrupted = False
+    seen = [-1]  # the last micro-batch whose outputs were handed over (`_deliver_new`)
     old = None
     if threading.current_thread() is threading.main_thread():
 
@@ -1217,24 +1238,23 @@ def _wait(sr: StreamingRun, query: Any, lst: _Listener, trigger: Optional[str], 
             # read; that batch also fired the notifications due in idle buckets).
             while query.isActive and not interrupted:
                 last = query.lastProgress
-                if last is not None and last["numInputRows"] == 0:
+                if last is not None and _input_rows(last) == 0:
                     break
                 if deadline is not None and time.monotonic() > deadline:
                     break
                 _await(sr, query, 0.05)
+                _deliver_new(sr, query, lst, seen)
         else:
             while query.isActive and not interrupted:
                 if deadline is not None and time.monotonic() > deadline:
                     break
                 _await(sr, query, 0.2)
+                _deliver_new(sr, query, lst, seen)
         if query.isActive:
             _stop_between_batches(query)
         exc = query.exception()
         if exc is not None:
             _raise_query_error(sr, exc)
-        if sr._error is not None:  # noqa: SLF001 - a sink failed at this process (outbox): the query was stopped
-            err = sr._error  # noqa: SLF001
-            raise err from err.__cause__
     finally:
         if old is not None:
             signal.signal(signal.SIGINT, old)

@@ -1,0 +1,175 @@
+"""Scenarios run through a Spark Connect server, each in a process of its own (tests/spark/test_connect.py).
+
+`python connect_driver.py SCENARIO sc://HOST:PORT DIR` prints one line `RESULT <json>`.
+A Connect session switches pyspark to Connect mode for its whole process, so these
+cannot share the test session's process (which holds a classic session).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from streaming_helpers import JsonlDirSource, count_mapper, write_jsonl  # noqa: E402
+
+import flowspark.operators as op  # noqa: E402
+from flowspark.dataflow import Dataflow  # noqa: E402
+from flowspark.errors import FlowsparkRuntimeError, WorkerEnvironmentError  # noqa: E402
+from flowspark.testing import TestingSink, TestingSource, run_main  # noqa: E402
+
+
+def _session(url: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    return SparkSession.builder.remote(url).getOrCreate()
+
+
+def _count_flow(root: str, out: list, fail_on: str = "") -> Dataflow:
+    flow = Dataflow("connect_count")
+    s = op.input("inp", flow, JsonlDirSource(root, ["a", "b"]))
+    keyed = op.key_on("key", s, lambda e: e["user"])
+    counts = op.stateful_map("count", keyed, count_mapper)
+    op.output("out", counts, _FailingSink(out, fail_on) if fail_on else TestingSink(out))
+    return flow
+
+
+class _FailingSink(TestingSink):
+    """A TestingSink whose writes fail while the file `fail_on` exists (the sink runs in this process)."""
+
+    def __init__(self, ls: list, fail_on: str) -> None:
+        super().__init__(ls)
+        self.fail_on = fail_on
+
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> Any:
+        part = super().build(step_id, worker_index, worker_count)
+        fail_on = self.fail_on
+        write = part.write_batch
+
+        def write_batch(items: list) -> None:
+            if os.path.exists(fail_on):
+                msg = "the sink is down"
+                raise ConnectionError(msg)
+            write(items)
+
+        part.write_batch = write_batch
+        return part
+
+
+def stream(url: str, d: str) -> dict:
+    """A running count over a JSON-lines stream, TestingSink at this process, two runs on one checkpoint."""
+    spark = _session(url)
+    root = f"{d}/in"
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 3}"} for i in range(7)])
+    write_jsonl(f"{root}/b/0001.jsonl", [{"user": f"u{i % 2}"} for i in range(4)])
+    first: list = []
+    lines: list = []
+    run = _run_stream(spark, _count_flow(root, first), d, lines)
+    write_jsonl(f"{root}/a/0002.jsonl", [{"user": "u0"}, {"user": "u5"}])
+    second: list = []
+    _run_stream(spark, _count_flow(root, second), d, lines)
+    expected: list = []
+    run_main(_count_flow(root, expected))
+    return {
+        "first": first,
+        "second": second,
+        "expected": expected,
+        "lines": lines,
+        "outbox": os.path.isdir(os.path.join(d, "chk", "outbox")),
+        "batches": run.batches,
+    }
+
+
+def _run_stream(spark: Any, flow: Dataflow, d: str, lines: list) -> Any:
+    from flowspark.spark import run
+
+    return run(flow, spark=spark, checkpoint=f"{d}/chk", trigger="available_now", progress=lines.append)
+
+
+def sink_down(url: str, d: str) -> dict:
+    """A sink failing at this process stops the stream with its step named; the next run hands the items over."""
+    spark = _session(url)
+    root = f"{d}/in"
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": "u1"}, {"user": "u2"}])
+    write_jsonl(f"{root}/b/0001.jsonl", [{"user": "u1"}])
+    down = f"{d}/down"
+    open(down, "w").close()
+    got: list = []
+    try:
+        _run_stream(spark, _count_flow(root, got, down), d, [])
+        error = None
+    except FlowsparkRuntimeError as e:
+        error = {"type": type(e).__name__, "step_id": e.step_id, "message": str(e)}
+    os.remove(down)
+    again: list = []
+    _run_stream(spark, _count_flow(root, again, down), d, [])
+    return {"error": error, "during": got, "after": again}
+
+
+def stream_user_error(url: str, d: str) -> dict:
+    """A step failing inside a streaming task arrives as FlowsparkRuntimeError naming it."""
+    spark = _session(url)
+    root = f"{d}/in"
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": "u1"}, {"n": 1}])
+    write_jsonl(f"{root}/b/0001.jsonl", [])
+    try:
+        _run_stream(spark, _count_flow(root, []), d, [])
+    except FlowsparkRuntimeError as e:
+        return {"type": type(e).__name__, "step_id": e.step_id, "message": str(e)}
+    return {"type": None}
+
+
+def parquet_sink(url: str, d: str) -> dict:
+    """A stream writing a SparkSink (Spark's own writer on the server), two runs on one checkpoint."""
+    from flowspark.spark import SparkSink, run
+
+    spark = _session(url)
+    root = f"{d}/in"
+
+    def flow() -> Dataflow:
+        f = Dataflow("connect_parquet")
+        s = op.input("inp", f, JsonlDirSource(root, ["a", "b"]))
+        counts = op.stateful_map("count", op.key_on("key", s, lambda e: e["user"]), count_mapper)
+        rows = op.map("row", counts, lambda kv: {"user": kv[0], "n": kv[1]})
+        op.output("out", rows, SparkSink("parquet", f"{d}/out", schema="user string, n long"))
+        return f
+
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 3}"} for i in range(5)])
+    write_jsonl(f"{root}/b/0001.jsonl", [{"user": "u1"}])
+    run(flow(), spark=spark, checkpoint=f"{d}/chk", trigger="available_now", progress=False)
+    write_jsonl(f"{root}/b/0002.jsonl", [{"user": "u1"}])
+    run(flow(), spark=spark, checkpoint=f"{d}/chk", trigger="available_now", progress=False)
+    rows = sorted((r["user"], r["n"]) for r in spark.read.parquet(f"{d}/out").collect())
+    return {"rows": rows}
+
+
+def no_flowspark(url: str, d: str) -> dict:
+    """The server's workers lack flowspark: a batch job ships it; a stream stops with what to install."""
+    from flowspark.spark import run
+
+    spark = _session(url)
+    flow = Dataflow("ship")
+    s = op.input("inp", flow, TestingSource([("a", 1), ("b", 2), ("a", 3)]))
+    out: list = []
+    op.output("out", op.stateful_map("sum", s, lambda st, v: ((st or 0) + v, (st or 0) + v)), TestingSink(out))
+    run(flow, spark=spark)
+    root = f"{d}/in"
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": "u1"}])
+    write_jsonl(f"{root}/b/0001.jsonl", [])
+    try:
+        _run_stream(spark, _count_flow(root, []), d, [])
+        stream_error = None
+    except WorkerEnvironmentError as e:
+        stream_error = str(e)
+    return {"batch": sorted(out), "stream_error": stream_error}
+
+
+SCENARIOS = {f.__name__: f for f in (stream, sink_down, stream_user_error, parquet_sink, no_flowspark)}
+
+if __name__ == "__main__":
+    name, url, d = sys.argv[1:4]
+    print("RESULT " + json.dumps(SCENARIOS[name](url, d)), flush=True)

@@ -1,0 +1,151 @@
+"""Spark Connect: flows run through a local Connect server started from the pyspark wheel.
+
+Each case runs in a process of its own (`connect_driver.py`, or pytest on the conformance
+suite): a Connect session switches pyspark to Connect mode for its whole process, and this
+process holds the classic test session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from connect_server import start_server, stop_server
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+
+def _env() -> dict[str, str]:
+    # No classic-session settings leak in; the client must not inherit a Connect mode either.
+    drop = ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_DRIVER_PYTHON")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    url, proc = start_server(tmp_path_factory.mktemp("connect-server"))
+    yield url
+    stop_server(proc)
+
+
+def _scenario(name: str, url: str, d: Path, timeout: float = 600) -> dict:
+    r = subprocess.run(
+        [sys.executable, str(HERE / "connect_driver.py"), name, url, str(d)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=timeout,
+        cwd=d,
+    )
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, f"{name} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def test_conformance_suite_through_connect(server, tmp_path):
+    """The whole conformance suite, batch and streaming, through the Connect server."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "conformance")],
+        capture_output=True,
+        text=True,
+        env={**_env(), "FLOWSPARK_TEST_CONNECT": server},
+        timeout=3000,
+        cwd=ROOT,
+    )
+    tail = r.stdout[-4000:]
+    assert r.returncode == 0, f"conformance through Connect failed:\n{tail}\n{r.stderr[-3000:]}"
+    assert " passed" in tail and "spark-connect" not in r.stderr
+
+
+def test_stream_with_a_sink_at_the_caller_restarts_from_its_checkpoint(server, tmp_path):
+    res = _scenario("stream", server, tmp_path)
+    expected = [tuple(x) for x in res["expected"]]
+    got = [tuple(x) for x in res["first"] + res["second"]]
+    # Per key, the in-memory executor's order; nothing lost or repeated across the restart.
+    assert sorted(got) == sorted(expected)
+    for key in {k for k, _ in expected}:
+        assert [n for k, n in got if k == key] == [n for k, n in expected if k == key]
+    assert ("u0", 4) in [tuple(x) for x in res["second"]] and ("u5", 1) in [tuple(x) for x in res["second"]]
+    assert res["outbox"]
+    assert any(line.startswith("[flowspark] batch 0: 11 input rows") for line in res["lines"]), res["lines"]
+
+
+def test_a_sink_failing_at_the_caller_stops_the_stream_and_loses_nothing(server, tmp_path):
+    res = _scenario("sink_down", server, tmp_path)
+    err = res["error"]
+    assert err is not None and err["type"] == "FlowsparkRuntimeError"
+    assert err["step_id"] == "connect_count.out" and "ConnectionError: the sink is down" in err["message"]
+    assert res["during"] == []
+    assert sorted(tuple(x) for x in res["after"]) == [("u1", 1), ("u1", 2), ("u2", 1)]
+
+
+def test_a_user_error_in_a_stream_names_the_step(server, tmp_path):
+    res = _scenario("stream_user_error", server, tmp_path)
+    assert res["type"] == "FlowsparkRuntimeError"
+    assert res["step_id"] == "connect_count.key.flat_map_batch"
+    assert "KeyError: 'user'" in res["message"]
+
+
+def test_a_stream_to_a_spark_sink_through_connect(server, tmp_path):
+    res = _scenario("parquet_sink", server, tmp_path)
+    assert [tuple(x) for x in res["rows"]] == [
+        ("u0", 1),
+        ("u0", 2),
+        ("u1", 1),
+        ("u1", 2),
+        ("u1", 3),
+        ("u1", 4),
+        ("u2", 1),
+    ]
+
+
+def test_cli_run_remote(server, tmp_path):
+    flow = tmp_path / "cliflow.py"
+    flow.write_text(
+        "import flowspark.operators as op\n"
+        "from flowspark.dataflow import Dataflow\n"
+        "from flowspark.outputs import StdOutSink\n"
+        "from flowspark.testing import TestingSource\n"
+        "flow = Dataflow('cli')\n"
+        "s = op.input('inp', flow, TestingSource([('a', 1), ('b', 2), ('a', 3)]))\n"
+        "op.output('out', op.stateful_map('sum', s, lambda st, v: ((st or 0) + v, (st or 0) + v)), StdOutSink())\n"
+    )
+    cmd = [sys.executable, "-m", "flowspark", "run", str(flow), "--remote", server]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(r.stdout.splitlines()) == ["('a', 1)", "('a', 4)", "('b', 2)"]
+    bad = subprocess.run(
+        [*cmd[:-1], "sc://localhost:1"], capture_output=True, text=True, env=_env(), timeout=120, cwd=tmp_path
+    )
+    assert bad.returncode == 1
+    assert (
+        bad.stderr.strip()
+        .splitlines()[-1]
+        .startswith("flowspark: error: cannot reach the Spark Connect server sc://localhost:1")
+    )
+
+
+def test_workers_without_flowspark_get_it_for_batch_and_a_stream_says_what_to_install(tmp_path):
+    """The server's workers run a Python that cannot import flowspark (no site processing)."""
+    wrapper = tmp_path / "worker-python"
+    wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    wrapper.chmod(0o755)
+    # `-S` skips the editable install's .pth: the workers see site-packages (pyarrow, pandas) only.
+    url, proc = start_server(
+        tmp_path / "server", worker_python=str(wrapper), env={"PYTHONPATH": os.pathsep.join(site.getsitepackages())}
+    )
+    try:
+        res = _scenario("no_flowspark", url, tmp_path)
+    finally:
+        stop_server(proc)
+    assert [tuple(x) for x in res["batch"]] == [("a", 1), ("a", 4), ("b", 2)]
+    assert res["stream_error"] is not None
+    assert "cannot import flowspark" in res["stream_error"] and "install flowspark[spark]==" in res["stream_error"]
