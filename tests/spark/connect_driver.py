@@ -24,7 +24,7 @@ from flowspark.testing import TestingSink, TestingSource, run_main  # noqa: E402
 
 
 def _session(url: str) -> Any:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession  # noqa: TID251
 
     return SparkSession.builder.remote(url).getOrCreate()
 

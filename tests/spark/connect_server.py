@@ -30,7 +30,7 @@ def start_server(log_dir: Path, worker_python: Optional[str] = None, env: Option
     """
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Java is missing: a Spark Connect server needs it")
-    import pyspark
+    import pyspark  # noqa: TID251
 
     home = os.path.dirname(pyspark.__file__)
     assert glob.glob(os.path.join(home, "jars", "spark-connect_*.jar")), "the pyspark wheel ships no spark-connect jar"

@@ -46,7 +46,8 @@ def _scenario(name: str, url: str, d: Path, timeout: float = 600) -> dict:
         cwd=d,
     )
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert r.returncode == 0 and lines, f"{name} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    assert r.returncode == 0, f"{name} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    assert lines, f"{name} printed no RESULT line:\n{r.stdout[-3000:]}"
     return json.loads(lines[-1][len("RESULT ") :])
 
 
@@ -62,7 +63,8 @@ def test_conformance_suite_through_connect(server, tmp_path):
     )
     tail = r.stdout[-4000:]
     assert r.returncode == 0, f"conformance through Connect failed:\n{tail}\n{r.stderr[-3000:]}"
-    assert " passed" in tail and "spark-connect" not in r.stderr
+    assert " passed" in tail
+    assert "spark-connect" not in r.stderr
 
 
 def test_stream_with_a_sink_at_the_caller_restarts_from_its_checkpoint(server, tmp_path):
@@ -73,7 +75,8 @@ def test_stream_with_a_sink_at_the_caller_restarts_from_its_checkpoint(server, t
     assert sorted(got) == sorted(expected)
     for key in {k for k, _ in expected}:
         assert [n for k, n in got if k == key] == [n for k, n in expected if k == key]
-    assert ("u0", 4) in [tuple(x) for x in res["second"]] and ("u5", 1) in [tuple(x) for x in res["second"]]
+    assert ("u0", 4) in [tuple(x) for x in res["second"]]
+    assert ("u5", 1) in [tuple(x) for x in res["second"]]
     assert res["outbox"]
     assert any(line.startswith("[flowspark] batch 0: 11 input rows") for line in res["lines"]), res["lines"]
 
@@ -81,8 +84,10 @@ def test_stream_with_a_sink_at_the_caller_restarts_from_its_checkpoint(server, t
 def test_a_sink_failing_at_the_caller_stops_the_stream_and_loses_nothing(server, tmp_path):
     res = _scenario("sink_down", server, tmp_path)
     err = res["error"]
-    assert err is not None and err["type"] == "FlowsparkRuntimeError"
-    assert err["step_id"] == "connect_count.out" and "ConnectionError: the sink is down" in err["message"]
+    assert err is not None
+    assert err["type"] == "FlowsparkRuntimeError"
+    assert err["step_id"] == "connect_count.out"
+    assert "ConnectionError: the sink is down" in err["message"]
     assert res["during"] == []
     assert sorted(tuple(x) for x in res["after"]) == [("u1", 1), ("u1", 2), ("u2", 1)]
 
@@ -148,4 +153,5 @@ def test_workers_without_flowspark_get_it_for_batch_and_a_stream_says_what_to_in
         stop_server(proc)
     assert [tuple(x) for x in res["batch"]] == [("a", 1), ("a", 4), ("b", 2)]
     assert res["stream_error"] is not None
-    assert "cannot import flowspark" in res["stream_error"] and "install flowspark[spark]==" in res["stream_error"]
+    assert "cannot import flowspark" in res["stream_error"]
+    assert "install flowspark[spark]==" in res["stream_error"]
