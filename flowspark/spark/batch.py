@@ -84,7 +84,7 @@ def describe_stage(st: StagePlan) -> str:
     if st.kind == "source":
         head = {
             "chunks": "createDataFrame(chunks of items pickled at the driver)",
-            "parts": "parallelize(one row per source partition)",
+            "parts": "spark.range(one row per source partition)",
             "native": "the SparkSource DataFrame",
         }[st.spec.source]
         return f"{head} -> mapInArrow"

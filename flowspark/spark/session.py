@@ -435,7 +435,7 @@ def connect_session(url: str, conf: Optional[dict[str, str]] = None) -> Any:
     try:
         import pyspark.sql.connect.session  # noqa: F401 - fails without the Connect client's dependencies
     except ImportError as e:
-        msg = f"a Spark Connect session needs pyspark's Connect client ({e}); install pyspark[connect]"
+        msg = f"a Spark Connect session needs pyspark's Connect client ({e}); install flowspark[connect] (pyspark[connect])"
         raise MasterUnreachableError(msg) from None
     from pyspark.sql import SparkSession
 
