@@ -299,6 +299,9 @@ def ensure_workers(spark: Any) -> None:
 def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None) -> Any:
     """Return the active SparkSession, or create a local one with sensible defaults.
 
+    With `SPARK_REMOTE=sc://...` in the environment (pyspark's switch to Spark
+    Connect), a Connect session on that server instead.
+
     A session flowspark creates keeps Spark's own log quiet: flowspark reports a
     failed step itself (step id, original type and message, the item), so Spark's
     ERROR lines, Java traces and task-error markers would only repeat it. Set
@@ -317,6 +320,9 @@ def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None)
     active = SparkSession.getActiveSession()
     if active is not None:
         return active
+    remote = os.environ.get("SPARK_REMOTE")
+    if remote:  # pyspark's own switch to Spark Connect (also set by Databricks Connect set-ups)
+        return connect_session(remote, conf)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local"):
@@ -435,7 +441,7 @@ def connect_session(url: str, conf: Optional[dict[str, str]] = None) -> Any:
     try:
         import pyspark.sql.connect.session  # noqa: F401 - fails without the Connect client's dependencies
     except ImportError as e:
-        msg = f"a Spark Connect session needs pyspark's Connect client ({e}); install flowspark[connect] (pyspark[connect])"
+        msg = f"a Spark Connect session needs pyspark's Connect client ({e}); install flowspark[connect]"
         raise MasterUnreachableError(msg) from None
     from pyspark.sql import SparkSession
 
