@@ -735,8 +735,8 @@ class StreamingRun:
                 w = self.outbox.writer(out)
             else:
                 w = out.writeStream.foreachBatch(self._foreach_batch)
-            if self.outbox.exists():
-                self.deliver()  # what an earlier run committed but did not hand over
+        if self.outbox.exists():
+            self.deliver()  # what an earlier run (maybe through Spark Connect) committed but did not hand over
         w = w.option("checkpointLocation", qchk).queryName(f"flowspark_{self.plan.flow_id}")
         if trigger == "available_now":
             w = w.trigger(availableNow=True)
