@@ -948,6 +948,8 @@ class _Listener:
         self.show = show
         self.cond = threading.Condition()
         self.last_batch = -1
+        #: Rows the query's sink reported since the outbox was last read (`_deliver_new`).
+        self.sink_rows = 0
         self.early: list[dict[str, Any]] = []  # events seen before the query object was known
 
     def started(self) -> None:
@@ -973,6 +975,8 @@ class _Listener:
         with self.cond:
             self.run.batches += 1
             self.last_batch = max(self.last_batch, int(p.get("batchId", -1)))
+            written = (p.get("sink") or {}).get("numOutputRows", -1)
+            self.sink_rows += 1 if written is None or written < 0 else int(written)  # unknown counts as some
             self.cond.notify_all()
 
     def drain(self, query: Any, timeout: float = 10.0) -> None:
@@ -1208,10 +1212,13 @@ def _deliver_new(sr: StreamingRun, query: Any, lst: _Listener, seen: list[int]) 
     if not sr.connect:
         return
     with lst.cond:
-        last = lst.last_batch
+        last, rows = lst.last_batch, lst.sink_rows
+        lst.sink_rows = 0
     if last <= seen[0]:
         return
     seen[0] = last
+    if rows == 0:
+        return  # the micro-batches since the last read wrote nothing to the outbox
     try:
         sr.deliver()
     except BaseException:
