@@ -4,8 +4,9 @@ Reads `examples/data/purchases.csv` (user, amount), computes each user's running
 total after every purchase (`stateful_map`) and each user's final total and
 purchase count (`fold_final`), runs the flow on Spark (a local SparkSession
 in-process, the embedded default) and then on the in-memory executor with time
-fixed as in a Spark batch job (`clock="fixed"`, which also gives Spark's order at
-driver-side sinks: input order, end of input in sorted key order), prints the
+fixed as in a Spark batch job (`clock="fixed"`; both give Bytewax's order at
+driver-side sinks: each source batch grouped by key in sorted key order, end of
+input in sorted key order), prints the
 Spark results and says whether both runtimes agree.
 
     python examples/batch_job.py [path/to/purchases.csv]

@@ -187,6 +187,28 @@ class DriverItems(ABC):
                 executor can run (e.g. `TestingSource.ABORT`).
         """
 
+    def driver_batch_size(self) -> int:
+        """Items per source batch when the source is polled (Bytewax's activation).
+
+        A runtime that ships `driver_items` keeps these batches: before a stateful
+        step, each batch's items are grouped by key as in Bytewax. Default: 1.
+
+        Returns:
+            The batch size (>= 1).
+        """
+        return 1
+
+    def driver_cuts(self, step_id: str) -> list[int]:
+        """Positions in `driver_items` where a batch starts before the previous one is full.
+
+        Args:
+            step_id: Fully qualified id of the input step (for error messages).
+
+        Returns:
+            Sorted positions; the batches after a cut are counted from it. Default: none.
+        """
+        return []
+
 
 class _SimplePollingPartition(StatefulSourcePartition[X, Any]):
     def __init__(

@@ -212,14 +212,29 @@ class TestingSource(FixedPartitionedSource[X, int], DriverItems):
 
     @override
     def driver_items(self, step_id: str) -> list[Any]:
+        return self._driver_scan(step_id)[0]
+
+    @override
+    def driver_batch_size(self) -> int:
+        return self._batch_size
+
+    @override
+    def driver_cuts(self, step_id: str) -> list[int]:
+        return self._driver_scan(step_id)[1]
+
+    def _driver_scan(self, step_id: str) -> tuple[list[Any], list[int]]:
+        """The items up to the first EOF, and where a PAUSE ends a batch early (as `next_batch` does)."""
         raw = self._ib
         if isinstance(raw, list) and _MARKER_TYPES.isdisjoint(set(map(type, raw))):
-            return raw  # fast path: no marker (subclasses of the markers are not expected)
+            return raw, []  # fast path: no marker (subclasses of the markers are not expected)
         items: list[Any] = []
+        cuts: list[int] = []
         for x in raw:
             if isinstance(x, TestingSource.EOF):
                 break
             if isinstance(x, TestingSource.PAUSE):
+                if not cuts or cuts[-1] != len(items):
+                    cuts.append(len(items))
                 continue
             if isinstance(x, TestingSource.ABORT):
                 msg = (
@@ -228,7 +243,7 @@ class TestingSource(FixedPartitionedSource[X, int], DriverItems):
                 )
                 raise FlowsparkCompileError(msg)
             items.append(x)
-        return items
+        return items, cuts
 
     @override
     def build_part(self, step_id: str, for_part: str, resume_state: Optional[int]) -> _IterSourcePartition[X]:

@@ -23,8 +23,10 @@ Two timelines are offered here:
 
 Tags. `drive` carries each value's *tag*, bytes that sort in processing order
 (the Spark runtimes' sequences, see `flowspark.spark.codec`). An emit gets its
-value's tag plus one 4-byte component (`idx`: its index among the emits of that
-value); end-of-key emits get `eof_tag(level, key)` (sorting after every value
+value's tag with the key moved in right after the activation header (`regroup`: the
+emits of one activation sort by key, as Bytewax groups an activation by key
+before a stateful step) plus one 4-byte component (`idx`: its index among the
+emits of that value); end-of-key emits get `eof_tag(level, key)` (sorting after every value
 of the key, and by key: Bytewax calls `on_eof` in sorted key order) plus an index
 from `EOF_BASE`. A runtime without tags passes empty bytes and ignores them.
 """
@@ -46,11 +48,14 @@ __all__ = [
     "EOF_BASE",
     "EOF_HEADER",
     "HEAD_LEN",
+    "SOURCE_LEN",
     "StepDriver",
     "bad_item_error",
     "drive_chain",
     "eof_tag",
     "idx",
+    "key_tag",
+    "regroup",
 ]
 
 #: First emit index used for emits at the end of a key (notifications fired after
@@ -58,8 +63,12 @@ __all__ = [
 EOF_BASE = 1 << 31
 #: First field of end-of-key tags (plus the step's stateful level).
 EOF_HEADER = 0xFFFF0000
-#: Length of the source header of every Spark sequence (`>IIQ`).
+#: Length of the activation header of every Spark sequence (`>IIQ`: source index,
+#: partition, activation); a source stamps it plus the item's offset in its activation.
+#: A merge inserts its upstream's index, a stateful step its key, right after it.
 HEAD_LEN = 16
+#: Length of a source's sequences: the header and the offset (`>IIQI`).
+SOURCE_LEN = HEAD_LEN + 4
 
 _PACK_I = struct.Struct(">I").pack
 _IDX_CACHE = [_PACK_I(i) for i in range(4096)]
@@ -82,14 +91,50 @@ def idx(i: int) -> bytes:
     return _IDX_CACHE[i] if i < 4096 else _PACK_I(i)
 
 
+def key_tag(key: str) -> bytes:
+    """Encode a key as a tag component that sorts as the keys do and is prefix-free.
+
+    UTF-8 with `0x00` escaped as `0x00 0xFF`, ended by `0x00 0x00`: tags compare as the
+    keys do (code point order) and no key's component is a prefix of another's, so a
+    comparison is decided inside it and never depends on what follows.
+
+    Args:
+        key: The key.
+
+    Returns:
+        The component.
+    """
+    return key.encode("utf-8", "surrogatepass").replace(b"\0", b"\0\xff") + b"\0\0"
+
+
+def regroup(tag: bytes, ktag: bytes) -> bytes:
+    """The tag of an emit's value with the key moved in after the activation header.
+
+    Args:
+        tag: A value's tag (empty for runtimes without tags).
+        ktag: `key_tag(key)`.
+
+    Returns:
+        `header, key, rest`: an activation's values sort by key, each key's values in
+        their former order. Empty for an empty tag.
+
+    Example:
+        >>> from flowspark.spark.codec import source_seq
+        >>> a1, b0 = source_seq(0, 0, 1, 0), source_seq(0, 0, 1, 1)
+        >>> regroup(b0, key_tag("a")) < regroup(a1, key_tag("b"))
+        True
+    """
+    if not tag:
+        return tag
+    return tag[:HEAD_LEN] + ktag + tag[HEAD_LEN:]
+
+
 def eof_tag(level: int, key: str) -> bytes:
     """The tag of a key's end-of-key emits.
 
     The header `EOF_HEADER + level` fills a source header (so a merge's upstream index,
-    inserted after it, sorts below the key), then the key: UTF-8 with `0x00` escaped as
-    `0x00 0xFF` and ended by `0x00 0x00`, so tags compare as the keys do (code point
-    order) and no tag is a prefix of another. These tags are the only sequences of
-    varying length; the components appended after them keep the order.
+    inserted after it, sorts below the key), then `key_tag(key)`. These tags sort after
+    every other tag of the step's input and by key.
 
     Args:
         level: Stateful steps on the longest path from a source to this step.
@@ -98,8 +143,7 @@ def eof_tag(level: int, key: str) -> bytes:
     Returns:
         A tag above every tag the step's input can carry, ordered by key.
     """
-    enc = key.encode("utf-8", "surrogatepass").replace(b"\0", b"\0\xff")
-    return _PACK_I(EOF_HEADER + level) + _EOF_FILL + enc + b"\0\0"
+    return _PACK_I(EOF_HEADER + level) + _EOF_FILL + key_tag(key)
 
 
 def bad_item_error(step_id: str, kv: Any) -> FlowsparkTypeError:
@@ -457,6 +501,9 @@ class StepDriver:
         out: Emits = []
         if items and logic is None:
             logic = self.build(key)
+        # Emits sort by (activation, key, then as their values): see `regroup`.
+        mid = key_tag(key) if items and items[0][0] else b""
+        cut = HEAD_LEN
         if logic is not None and not wants_notify(logic):
             # No timers: hand the values over in large batches. Emit j of a batch gets the
             # tag of value min(j, n-1) plus j: strictly increasing, so order is kept.
@@ -467,13 +514,17 @@ class StepDriver:
                 ws, discard = self.feed(key, logic, [v for _, v in chunk])
                 if ws:
                     nw, nc = len(ws), len(chunk)
-                    if nw <= nc and nw <= len(_IDX_CACHE):
-                        ic = _IDX_CACHE
-                        out.extend([(chunk[j][0] + ic[j], w) for j, w in enumerate(ws)])
+                    if not mid:
+                        out.extend([(b"", w) for w in ws])
+                    elif nw <= nc and nw <= len(_IDX_CACHE):
+                        tags = [t for t, _ in chunk[:nw]]
+                        out.extend(
+                            [(t[:cut] + mid + t[cut:] + i, w) for t, i, w in zip(tags, _IDX_CACHE, ws, strict=False)]
+                        )
                     else:
                         last = nc - 1
                         for j, w in enumerate(ws):
-                            out.append((chunk[j if j < last else last][0] + idx(j), w))
+                            out.append((regroup(chunk[j if j < last else last][0], mid) + idx(j), w))
                 if discard:
                     logic = None
             if eof and logic is not None:
@@ -491,7 +542,9 @@ class StepDriver:
                 logic = self.build(key)
             more, discard = self.feed(key, logic, [v])
             ws.extend(more)
-            out.extend([(seq + idx(n), w) for n, w in enumerate(ws)])
+            if ws:
+                tag = regroup(seq, mid)
+                out.extend([(tag + idx(n), w) for n, w in enumerate(ws)])
             if discard:
                 logic = None
         if eof and logic is not None:

@@ -435,7 +435,8 @@ class _StatefulRt(_Rt):
     grouped by key in sorted key order (`StepDriver.feed_grouped`) and
     notifications are kept in a heap (those due after a pass fire in sorted key
     order, then are re-read for every key touched). With `clock="fixed"` the step
-    follows the Spark batch runtime's per-key timeline (`StepDriver.drive`).
+    groups each activation by key the same way and follows the Spark batch runtime's
+    per-key timeline (`StepDriver.drive`).
     """
 
     def __init__(
@@ -522,7 +523,7 @@ class _StatefulRt(_Rt):
         out: list[Any] = []
         touched: dict[str, None] = {}
         if self.fixed_now is not None:
-            self._step_fixed(ex, items, out, touched)
+            self._step_fixed(ex, items, bounds, out, touched, out_ends)
         else:
             driver = self.driver
             expired = self._expire(ex.now()) if self.ttl is not None else ()
@@ -628,35 +629,56 @@ class _StatefulRt(_Rt):
             touched[key] = None
             self._emit(key, self.driver.notify(key, logic), out)
 
-    # -- clock="fixed": the per-key timeline of the Spark batch runtime -------------
-    def _step_fixed(self, ex: _Executor, items: list[Any], out: list[Any], touched: dict[str, None]) -> None:
-        # Time is fixed at `fixed_now` for the whole run; each run of a key's values goes
-        # through the driver's fixed-time timeline (tags unused), and at EOF, key by key
-        # in sorted key order (as the Spark batch runtime's end-of-key tags sort), its
-        # due notifications fire, then its on_eof.
+    # -- clock="fixed": the per-key timeline of the Spark batch runtime ------------------
+    def _step_fixed(
+        self,
+        ex: _Executor,
+        items: list[Any],
+        bounds: Any,
+        out: list[Any],
+        touched: dict[str, None],
+        out_ends: Optional[list[int]],
+    ) -> None:
+        # Time is fixed at `fixed_now` for the whole run. Each activation's items are
+        # grouped by key in sorted key order (as in Bytewax, and as the Spark batch
+        # runtime's sequences sort: `flowspark.runtime.driver.regroup`); each key's values
+        # of the activation go through the driver's fixed-time timeline (tags unused). At
+        # EOF, key by key in sorted key order (as the Spark batch runtime's end-of-key tags
+        # sort), its due notifications fire, then its on_eof.
         now = self.fixed_now
         assert now is not None
         driver = self.driver
         logics = self.logics
-        n = len(items)
-        i = 0
-        while i < n:
-            kv = items[i]
-            if type(kv) is not tuple or len(kv) != 2 or type(kv[0]) is not str:
-                driver.check_item(kv)
-            key = kv[0]
-            j = i + 1
-            while j < n and type(items[j]) is tuple and len(items[j]) == 2 and items[j][0] == key:
-                j += 1
-            run = [(_NO_TAG, items[m][1]) for m in range(i, j)]
-            i = j
-            touched[key] = None
-            self._drive_fixed(key, run, now, False, out)
+        for seg in _segments(items, bounds):
+            if len(seg) > 1:
+                try:
+                    seg = sorted(seg, key=_first)  # stable: each key's values keep their order
+                except Exception:  # noqa: BLE001,S110
+                    pass  # a malformed item: reported below where it arrived
+            n = len(seg)
+            i = 0
+            while i < n:
+                kv = seg[i]
+                if type(kv) is not tuple or len(kv) != 2 or type(kv[0]) is not str:
+                    driver.check_item(kv)
+                key = kv[0]
+                j = i + 1
+                while j < n and type(seg[j]) is tuple and len(seg[j]) == 2 and seg[j][0] == key:
+                    j += 1
+                run = [(_NO_TAG, seg[m][1]) for m in range(i, j)]
+                i = j
+                touched[key] = None
+                self._drive_fixed(key, run, now, False, out)
+            if out_ends is not None and len(out) != (out_ends[-1] if out_ends else 0):
+                out_ends.append(len(out))
         if not self.eof_done and ex.is_eof(self.up):
             self.eof_done = True
             for key in sorted(logics):
                 touched[key] = None
                 self._drive_fixed(key, [], now, True, out)
+            # End of input: one more activation downstream.
+            if out_ends is not None and len(out) != (out_ends[-1] if out_ends else 0):
+                out_ends.append(len(out))
 
     def _drive_fixed(self, key: str, run: list[tuple[bytes, Any]], now: datetime, eof: bool, out: list[Any]) -> None:
         emits, logic = self.driver.drive(key, run, self.logics.get(key), now, eof)
@@ -878,6 +900,10 @@ class _Executor:
 
 
 _NONE: list[Any] = []
+
+
+def _first(pair: tuple[Any, Any]) -> Any:
+    return pair[0]
 
 
 def _second(pair: tuple[Any, Any]) -> Any:

@@ -290,13 +290,12 @@ class _Job:
             items = src.driver_items(sid)
             size = max(1, min(self.chunk_size, math.ceil(len(items) / (2 * self.parallelism)) or 1))
             rows = []
-            for start in range(0, len(items), size):
-                chunk = items[start : start + size]
+            for start, end, act, off in _chunk_bounds(len(items), size, spec.per_batch, src.driver_cuts(sid)):
                 try:
-                    blob = dumps(chunk)
+                    blob = dumps(items[start:end])
                 except Exception as e:
                     raise _fail(sid, e) from e
-                rows.append((None, source_seq(si, 0, start), blob))
+                rows.append((None, source_seq(si, 0, act, off), blob))
             return self.chunks_df(rows)
         try:
             from flowspark.inputs import FixedPartitionedSource
@@ -475,6 +474,28 @@ class _Job:
                 df.unpersist()
             except Exception:  # noqa: BLE001,S110
                 pass
+
+
+def _chunk_bounds(n: int, size: int, per_batch: int, cuts: list[int]) -> Iterator[tuple[int, int, int, int]]:
+    """Split `n` driver items into chunks of at most `size`, none across a cut.
+
+    Args:
+        n: Number of items.
+        size: Items per chunk.
+        per_batch: Items per source batch (activation).
+        cuts: Positions where a source batch starts early (`DriverItems.driver_cuts`).
+
+    Yields:
+        `(start, end, activation, offset)`: a chunk and where its first item sits
+        (its activation and its offset in it; the worker stamps the rest with `per_batch`).
+    """
+    act0 = 0
+    bounds = [0, *(c for c in cuts if 0 < c < n), n]
+    for seg_start, seg_end in zip(bounds, bounds[1:], strict=False):
+        for start in range(seg_start, seg_end, size):
+            at = start - seg_start
+            yield start, min(start + size, seg_end), act0 + at // per_batch, at % per_batch
+        act0 += -(-(seg_end - seg_start) // per_batch)
 
 
 def seq_column(pad: bytes) -> Any:

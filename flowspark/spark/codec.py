@@ -2,25 +2,32 @@
 
 - **Items** (`dumps` / `loads`): marshal for flat values, pickle otherwise.
 - **Sequences**: bytes that sort (unsigned, lexicographically) in the order the
-  items must be processed. A source stamps `>IIQ` (source index, source
-  partition, position); every `flat_map_batch` appends one `>I` component (the
-  index of the output among the outputs of its input item; steps the IR marks
-  `one_to_one` keep the input's sequence); a stateful step appends one
-  component (the index of the emit among the emits caused by one input value,
-  see `flowspark.runtime.driver`). Emits at the end of a key (notifications due
-  after the last value, then `on_eof`) get the header `EOF_HEADER + level`
-  (`level`: the number of stateful steps on the longest path from a source to
-  this step, so it is above every header the step's input can carry), then the
-  key (`flowspark.runtime.driver.eof_tag`), and indexes from `EOF_BASE` on: they
-  sort after every item emitted while input flowed, and keys end in sorted key
-  order, as in Bytewax and the in-memory executor. A merge inserts the
-  upstream's index right after the 16-byte source header and pads the sequence
-  to the longest upstream's length, so items derived from one source item come
-  upstream by upstream, as in the in-memory executor's passes. Sequences of one
-  stream have the same length except behind an end-of-key tag (the key's length
-  varies; its encoding is prefix-free, so comparisons never reach the padding), and
-  sorting by sequence restores the order of `run_main(clock="fixed")` for every
-  item of one source partition and, within a key, exactly.
+  items must be processed. A source stamps 20 bytes `>IIQI`: the header (source
+  index, source partition, activation) and the offset: an *activation* is one source
+  batch as in Bytewax (one `next_batch` of a partition, one `TestingSource`
+  batch), the offset the item's position in it; items that come without batches
+  (a `SparkSource`'s rows, a streaming source's chunks) are activations of one
+  item each. Every `flat_map_batch` appends one `>I` component (the index of the
+  output among the outputs of its input item; steps the IR marks `one_to_one`
+  keep the input's sequence); a stateful step moves its key into the tag of what
+  it emits, right after the header (`flowspark.runtime.driver.regroup`), and
+  appends one component (the index of the emit among the emits caused by one
+  input value, see `flowspark.runtime.driver`), so sorting by sequence groups an
+  activation's emits by key in sorted key order, as Bytewax does before each
+  stateful step. Emits at the end of a key (notifications due after the last
+  value, then `on_eof`) get the header `EOF_HEADER + level` (`level`: the number
+  of stateful steps on the longest path from a source to this step, so it is
+  above every header the step's input can carry), then the key
+  (`flowspark.runtime.driver.eof_tag`), and indexes from `EOF_BASE` on: they sort
+  after every item emitted while input flowed, and keys end in sorted key order,
+  as in Bytewax and the in-memory executor. A merge inserts the upstream's index
+  right after the header and pads the sequence to the longest upstream's
+  length, so the items of one activation come upstream by upstream, as in the
+  in-memory executor's passes. Keys are encoded prefix-free (`key_tag`), so
+  comparisons are decided inside the first component that differs and never
+  reach the padding; sorting by sequence restores the order of
+  `run_main(clock="fixed")` for every item of one source partition and, within a
+  key, exactly.
 - **Errors** (`encode_task_error` / `decode_task_error`): a marker that carries a
   `FlowsparkRuntimeError` through Spark's (Java) exception chain to the driver.
 """
@@ -37,10 +44,11 @@ from typing import Any, Optional
 import cloudpickle
 
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkRuntimeTypeError
-from flowspark.runtime.driver import EOF_BASE, EOF_HEADER, HEAD_LEN, idx
+from flowspark.runtime.driver import EOF_BASE, EOF_HEADER, HEAD_LEN, SOURCE_LEN, idx
 
 __all__ = [
     "EOF_BASE",
+    "SINGLES",
     "EOF_HEADER",
     "HEAD_LEN",
     "apply_pad",
@@ -51,63 +59,88 @@ __all__ = [
     "loads",
     "loads_all",
     "position_seqs",
+    "read_head",
     "source_items",
     "source_seq",
 ]
 
-_PACK_SRC = struct.Struct(">IIQ").pack
+_HEAD = struct.Struct(">IIQI")
+_PACK_SRC = _HEAD.pack
+#: `per_batch` for a source stamped item by item: each item is an activation of its own.
+SINGLES = 1
 
 
-def source_items(source_index: int, partition: int, start: int, xs: list[Any]) -> list[tuple[bytes, Any]]:
+def source_items(
+    source_index: int, partition: int, activation: int, xs: list[Any], offset: int = 0, per_batch: int = 0
+) -> list[tuple[bytes, Any]]:
     """Stamp consecutive items of one source partition with their sequences.
 
     Args:
         source_index: Index of the input step in the flow.
         partition: Index of the source partition.
-        start: Position of the first item in its partition.
+        activation: Activation (source batch) of the first item.
         xs: The items.
+        offset: Offset of the first item in its activation.
+        per_batch: Items per activation from the first item's on (`SINGLES`: each item
+            is an activation of its own); `0`: all of `xs` belong to `activation`.
 
     Returns:
-        `(sequence, item)` pairs; item `i` gets `source_seq(source_index, partition, start + i)`.
+        `(sequence, item)` pairs in order.
+
+    Example:
+        >>> [s for s, _ in source_items(0, 0, 7, "abc", offset=1, per_batch=2)] == [
+        ...     source_seq(0, 0, 7, 1), source_seq(0, 0, 8, 0), source_seq(0, 0, 8, 1)]
+        True
     """
     n = len(xs)
     if n < 16:
-        return [(_PACK_SRC(source_index, partition, start + i), x) for i, x in enumerate(xs)]
+        if per_batch == 0:
+            return [(_PACK_SRC(source_index, partition, activation, offset + i), x) for i, x in enumerate(xs)]
+        return [
+            (_PACK_SRC(source_index, partition, activation + (offset + i) // per_batch, (offset + i) % per_batch), x)
+            for i, x in enumerate(xs)
+        ]
     import numpy as np
 
-    seqs = _packed(source_index, partition, np.arange(start, start + n, dtype=np.uint64))
+    at = np.arange(offset, offset + n, dtype=np.uint64)
+    if per_batch == 0:
+        seqs = _packed(source_index, partition, activation, at)
+    else:
+        seqs = _packed(source_index, partition, activation + at // per_batch, at % per_batch)
     return list(zip(seqs, xs, strict=True))
 
 
-_SEQ_DTYPE = [("s", ">u4"), ("p", ">u4"), ("q", ">u8")]
+_SEQ_DTYPE = [("s", ">u4"), ("p", ">u4"), ("a", ">u8"), ("o", ">u4")]
 _POSITION_BITS = 33
 
 
-def _packed(source_index: int, partitions: Any, positions: Any) -> list[bytes]:
-    """`source_seq` for many items at once (numpy): partitions and positions are scalars or arrays."""
+def _packed(source_index: int, partitions: Any, activations: Any, offsets: Any) -> list[bytes]:
+    """`source_seq` for many items at once (numpy): each field is a scalar or an array."""
     import numpy as np
 
-    n = len(positions)
+    n = len(offsets) if np.ndim(offsets) else len(activations)
     arr = np.empty(n, dtype=_SEQ_DTYPE)
     arr["s"] = source_index
     arr["p"] = partitions
-    arr["q"] = positions
+    arr["a"] = activations
+    arr["o"] = offsets
     buf = arr.tobytes()
-    return [buf[i : i + HEAD_LEN] for i in range(0, n * HEAD_LEN, HEAD_LEN)]
+    return [buf[i : i + SOURCE_LEN] for i in range(0, n * SOURCE_LEN, SOURCE_LEN)]
 
 
 def position_seqs(source_index: int, ids: Any) -> list[bytes]:
     """The sequences of rows numbered by Spark's `monotonically_increasing_id()`.
 
-    That id is `partition << 33 | row position in the partition`, so the sequence
-    is the one a Python pass over the same partitions stamps (`source_items`).
+    That id is `partition << 33 | row position in the partition`; each row is an
+    activation of its own, so the sequence is the one a Python pass over the same
+    partitions stamps (`source_items(..., per_batch=SINGLES)`).
 
     Args:
         source_index: Index of the input step in the flow.
         ids: The ids (an int64 Arrow array or anything `numpy.asarray` takes).
 
     Returns:
-        One 16-byte sequence per id.
+        One sequence per id.
 
     Example:
         >>> position_seqs(0, [(1 << 33) + 5]) == [source_seq(0, 1, 5)]
@@ -116,21 +149,39 @@ def position_seqs(source_index: int, ids: Any) -> list[bytes]:
     import numpy as np
 
     ids = np.asarray(ids, dtype=np.int64)
-    return _packed(source_index, ids >> _POSITION_BITS, ids & ((1 << _POSITION_BITS) - 1))
+    return _packed(source_index, ids >> _POSITION_BITS, ids & ((1 << _POSITION_BITS) - 1), 0)
 
 
-def source_seq(source_index: int, partition: int, position: int) -> bytes:
+def source_seq(source_index: int, partition: int, activation: int, offset: int = 0) -> bytes:
     """Encode the sequence a source stamps on an item.
 
     Args:
         source_index: Index of the input step in the flow.
         partition: Index of the source partition.
-        position: Position of the item in its partition.
+        activation: Index of the item's source batch in its partition (or of the item,
+            for sources stamped item by item).
+        offset: Position of the item in its source batch.
 
     Returns:
-        16 bytes.
+        `SOURCE_LEN` (20) bytes.
     """
-    return _PACK_SRC(source_index, partition, position)
+    return _PACK_SRC(source_index, partition, activation, offset)
+
+
+def read_head(seq: bytes) -> tuple[int, int, int, int]:
+    """Decode a sequence's source header.
+
+    Args:
+        seq: The sequence.
+
+    Returns:
+        `(source index, partition, activation, offset)`.
+
+    Example:
+        >>> read_head(source_seq(1, 2, 3, 4) + b"rest")
+        (1, 2, 3, 4)
+    """
+    return _HEAD.unpack_from(seq)
 
 
 #: Exact types `marshal` round-trips without changing them. (It writes anything with the

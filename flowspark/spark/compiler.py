@@ -9,8 +9,9 @@ leaving its stage (to another stage, a sink or the driver) is a *port*.
 `compile_flow(graph)` returns a `Plan` (the same for the batch and the streaming
 lowering); `print(plan)` shows the stages, the core steps fused into each and
 what each lowers to in a batch job. Sequence lengths follow one rule (see
-`flowspark.spark.codec`): a source stamps 16 bytes; a `flat_map_batch` adds 4
-unless the IR marks it `one_to_one`; a stateful step adds 4; a merge pads to its
+`flowspark.spark.codec`): a source stamps `SOURCE_LEN` (20) bytes; a `flat_map_batch` adds 4
+unless the IR marks it `one_to_one`; a stateful step adds 4 (plus its key, whose
+prefix-free encoding decides every comparison inside it); a merge pads to its
 longest upstream and adds 4.
 """
 
@@ -25,14 +26,13 @@ from flowspark import ir
 from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
 from flowspark.inputs import DriverItems, DynamicSource, FixedPartitionedSource
 from flowspark.outputs import DriverSink, DynamicSink, FixedPartitionedSink
-from flowspark.runtime.driver import idx
+from flowspark.runtime.driver import SOURCE_LEN, idx
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import ForeachBatchSink, SparkSink
 from flowspark.spark.plan import ColumnKey, InspectPlan, KeyedStep, Op, Plan, Port, SinkPlan, StagePlan, StageSpec
 
 __all__ = ["as_graph", "compile_flow"]
 
-_SOURCE_SEQ_LEN = 16
 _COMPONENT_LEN = 4
 
 
@@ -182,7 +182,7 @@ def compile_flow(graph: Any) -> Plan:
                 n_inputs += 1
                 b.steps.append(node.step_id)
                 loc[node.down] = b
-                depth[node.down] = _SOURCE_SEQ_LEN
+                depth[node.down] = SOURCE_LEN
             case ir.FlatMapBatch():
                 _check_pickle(node.step_id, "mapper", node.mapper)
                 b = loc[node.up]
@@ -310,6 +310,7 @@ def compile_flow(graph: Any) -> Plan:
             input_value_only=b.kind == "keyed" and value_only(b.inputs[0][0]),
             depth_in=b.depth_in,
             column_key=column_key,
+            per_batch=b.source_obj.driver_batch_size() if b.source == "chunks" else 1,
         )
         inputs = tuple((*ref(u), pad) for u, pad in b.inputs)
         plans.append(StagePlan(spec, b.kind, inputs, tuple(b.steps), b.source_obj, b.bounded))

@@ -142,6 +142,8 @@ class StageSpec:
     `column_key`: for a keyed stage, set when Spark can key its input (`ColumnKey`).
     `dead_letter`: the run has a dead letter: items a stateless step, a key check or a
     `SparkSink`'s schema refuses leave the stage on `DEAD_PORT` instead of failing it.
+    `per_batch`: for a `chunks` source, its items per source batch (activation; see
+    `flowspark.spark.codec`); 1: each item is an activation of its own.
     """
 
     stage_id: int
@@ -156,6 +158,7 @@ class StageSpec:
     depth_in: int = 0
     column_key: Optional[ColumnKey] = None
     dead_letter: bool = False
+    per_batch: int = 1
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gc
 import operator
-import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
@@ -26,12 +25,14 @@ from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_err
 from flowspark.operators import _all_pairs, _check_bool
 from flowspark.runtime.driver import NOT_FOUND, bad_item_error, drive_chain, failing_item, idx
 from flowspark.spark.codec import (
+    SINGLES,
     apply_pad,
     dumps,
     encode_task_error,
     loads,
     loads_all,
     position_seqs,
+    read_head,
     source_items,
 )
 from flowspark.spark.plan import DEAD_PORT, Op, StageSpec
@@ -518,16 +519,17 @@ def _entry_items_from_source(spec: StageSpec, batch: Any, partition_id: int) -> 
     """Turn one Arrow batch of the stage's input into lists of (seq, item) of the entry stream."""
     src = spec.source
     if src == "chunks":
+        # A chunk's header stamps its first item; the others follow `spec.per_batch`.
         seqs = batch.column(1).to_pylist()
         blobs = batch.column(2).to_pylist()
         for head, blob in zip(seqs, blobs, strict=True):
-            si, pi, pos = struct.unpack(">IIQ", head)
-            yield source_items(si, pi, pos, loads(blob))
+            si, pi, act, off = read_head(head)
+            yield source_items(si, pi, act, loads(blob), off, spec.per_batch)
     elif src == "parts":
         seqs = batch.column(1).to_pylist()
         blobs = batch.column(2).to_pylist()
         for head, blob in zip(seqs, blobs, strict=True):
-            si, pi, _ = struct.unpack(">IIQ", head)
+            si, pi, _, _ = read_head(head)
             source, part_key, worker_count = loads(blob)
             try:
                 if part_key is None:
@@ -536,10 +538,8 @@ def _entry_items_from_source(spec: StageSpec, batch: Any, partition_id: int) -> 
                     part = source.build_part(spec.source_step, part_key, None)
             except Exception as e:
                 raise _fail(spec.source_step, e) from e
-            pos = 0
-            for xs in _read_partition(spec.source_step, part):
-                yield source_items(si, pi, pos, xs)
-                pos += len(xs)
+            for act, xs in enumerate(_read_partition(spec.source_step, part)):
+                yield source_items(si, pi, act, xs)  # one source batch: one activation
     else:
         raise AssertionError(src)
 
@@ -665,7 +665,7 @@ def _stage_items(
                 xs = b.to_pylist()
             except Exception as e:
                 raise _fail(spec.source_step, e) from e
-            items = source_items(si, partition_id, pos, xs)
+            items = source_items(si, partition_id, pos, xs, per_batch=SINGLES)  # as `position_seqs`
             pos += len(xs)
             yield items
         return

@@ -14,15 +14,17 @@ import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
 from flowspark.operators import StatefulLogic
-from flowspark.runtime.driver import drive_chain
+from flowspark.runtime.driver import drive_chain, idx
 from flowspark.spark import run
 from flowspark.spark.codec import (
+    SINGLES,
     apply_pad,
     decode_task_error,
     dumps,
     encode_task_error,
     loads,
     loads_all,
+    read_head,
     source_items,
     source_seq,
 )
@@ -279,11 +281,45 @@ def test_codec_takes_marshal_only_for_flat_values_and_pickle_otherwise():
     assert loads_all([dumps(1), dumps(Point(1, 2)), dumps("x")]) == [1, Point(1, 2), "x"]
 
 
-def test_source_items_stamp_consecutive_sequences():
-    xs = list(range(40))
-    items = source_items(3, 7, 1000, xs)
-    assert items == [(source_seq(3, 7, 1000 + i), x) for i, x in enumerate(xs)]
-    assert source_items(1, 2, 5, ["a"]) == [(source_seq(1, 2, 5), "a")]
+@pytest.mark.parametrize("n", [5, 40])  # below and above the numpy path's threshold
+def test_source_items_stamp_activations_and_offsets(n):
+    xs = list(range(n))
+    # One source batch: one activation, offsets from 0.
+    assert source_items(3, 7, 1000, xs) == [(source_seq(3, 7, 1000, i), x) for i, x in enumerate(xs)]
+    # Items of one per activation (SparkSource rows, streaming chunks).
+    singles = source_items(1, 2, 5, xs, per_batch=SINGLES)
+    assert singles == [(source_seq(1, 2, 5 + i, 0), x) for i, x in enumerate(xs)]
+    # A chunk of driver items that starts at offset 2 of activation 9, batches of 3.
+    got = source_items(0, 0, 9, xs, offset=2, per_batch=3)
+    assert got == [(source_seq(0, 0, 9 + (2 + i) // 3, (2 + i) % 3), x) for i, x in enumerate(xs)]
+    for stamped in (got, singles):
+        assert [s for s, _ in stamped] == sorted(s for s, _ in stamped)
+        assert {read_head(s)[:2] for s, _ in stamped} == {read_head(stamped[0][0])[:2]}
+
+
+def test_chunk_bounds_keep_source_batches_across_chunks_and_cuts():
+    from flowspark.spark.batch import _chunk_bounds
+
+    # 10 items, batches of 3, a PAUSE before item 4 (a batch starts there), chunks of 4.
+    chunks = list(_chunk_bounds(10, 4, 3, [4]))
+    assert chunks == [(0, 4, 0, 0), (4, 8, 2, 0), (8, 10, 3, 1)]
+    acts = [source_items(0, 0, a, [None] * (e - s), o, 3) for s, e, a, o in chunks]
+    heads = [read_head(q)[2:] for items in acts for q, _ in items]
+    # As TestingSource.next_batch polls them: [0,1,2] [3] | [4,5,6] [7,8,9].
+    assert heads == [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1), (2, 2), (3, 0), (3, 1), (3, 2)]
+    assert list(_chunk_bounds(0, 4, 3, [])) == []
+
+
+def test_emits_of_an_activation_sort_by_key_then_as_their_values():
+    step = KeyedStep("f.st", stateful_builder(Sum))
+    # Activation 0 holds b0, a1, b2; activation 1 holds a0. Bytewax's order: a1, b0, b2, a0.
+    a, _ = drive_key("a", [(source_seq(0, 0, 0, 1), 1), (source_seq(0, 0, 1, 0), 10)], (step,), now=T0, eof=False)
+    b, _ = drive_key("b", [(source_seq(0, 0, 0, 0), 2), (source_seq(0, 0, 0, 2), 20)], (step,), now=T0, eof=False)
+    got = [(k, v) for _s, k, v in sorted([(s, "a", v) for s, v in a] + [(s, "b", v) for s, v in b])]
+    assert got == [("a", 1), ("b", 2), ("b", 22), ("a", 11)]
+    # A merge's index (after the header) keeps upstreams apart within the activation.
+    assert apply_pad(a[0][0], idx(0)) < apply_pad(b[0][0], idx(1))
+    assert apply_pad(b[1][0], idx(0)) < apply_pad(a[0][0], idx(1))
 
 
 def test_port_rows_check_keys_column_wise_and_name_the_first_bad_item():

@@ -1,0 +1,161 @@
+"""Order across keys on Spark batch: driver-side sinks get exactly bytewax 0.21.1's lists.
+
+Bytewax groups the items of one activation (one source batch) by key, keys in sorted
+order, before a stateful step, and ends keys in sorted key order. The Spark batch
+runtime sorts a driver-side sink's items by their sequences, which carry the source
+batch and, after a stateful step, the key (`flowspark.spark.codec`). Each case runs the
+same flow on bytewax's `run_main` and on `flowspark.spark.run` and compares the lists.
+The logics emit per value (`stateful_map`, `fold_final`): on Spark a key's values reach
+`on_batch` in larger batches than Bytewax's, which only a logic that emits per batch sees.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+pytestmark = [pytest.mark.bytewax, pytest.mark.spark]
+
+bytewax = pytest.importorskip("bytewax")
+
+ITEMS = ["b1", "a1", "c1", "b2", "a2", "b3", "a3", "c2", "c3", "a4", "d1", "b4"]
+
+
+def _lib(name: str) -> dict[str, Any]:
+    if name == "bytewax":
+        import bytewax.operators as op
+        from bytewax.connectors.files import FileSource
+        from bytewax.dataflow import Dataflow
+        from bytewax.testing import TestingSink, TestingSource
+    else:
+        import flowspark.operators as op
+        from flowspark.dataflow import Dataflow
+        from flowspark.inputs import FileSource
+        from flowspark.testing import TestingSink, TestingSource
+    return {"op": op, "Dataflow": Dataflow, "FileSource": FileSource, "Sink": TestingSink, "Source": TestingSource}
+
+
+def _both(spark: Any, build: Callable[..., Any], sinks: int = 1) -> tuple[list[Any], list[Any]]:
+    """Each sink's list on bytewax (`want`) and on Spark batch (`got`); one list per sink when `sinks` > 1."""
+    from bytewax.testing import run_main
+
+    from flowspark.spark import run
+
+    want: list[Any] = [[] for _ in range(sinks)]
+    run_main(build(_lib("bytewax"), *want))
+    got: list[Any] = [[] for _ in range(sinks)]
+    run(build(_lib("flowspark"), *got), spark=spark)
+    return (want[0], got[0]) if sinks == 1 else (want, got)
+
+
+def _count(n: Any, v: Any) -> tuple[int, str]:
+    n = (n or 0) + 1
+    return n, f"{v}#{n}"
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 10])
+@pytest.mark.parametrize("mid", [None, "flat_map", "filter"])
+def test_source_batches_grouped_by_sorted_key(spark, batch_size: int, mid: str | None) -> None:
+    def build(lib: dict[str, Any], out: list[Any]) -> Any:
+        op = lib["op"]
+        flow = lib["Dataflow"]("order")
+        s = op.input("inp", flow, lib["Source"](ITEMS, batch_size))
+        if mid == "flat_map":
+            s = op.flat_map("fm", s, lambda x: [x, "z" + x, x + "'"])
+        elif mid == "filter":
+            s = op.filter("fl", s, lambda x: x not in ("b2", "a3"))
+        keyed = op.key_on("key", s, lambda x: x[0])
+        op.output("out", op.stateful_map("count", keyed, _count), lib["Sink"](out))
+        return flow
+
+    want, got = _both(spark, build)
+    assert want[0][0] == ("a" if batch_size > 1 else "b")  # b1 comes first, but a1 is in its batch
+    assert got == want
+
+
+@pytest.mark.parametrize("batch_size", [3, 10])
+def test_two_stateful_steps_with_a_rekey(spark, batch_size: int) -> None:
+    def build(lib: dict[str, Any], out: list[Any], out_first: list[Any]) -> Any:
+        op = lib["op"]
+        flow = lib["Dataflow"]("order2")
+        s = op.input("inp", flow, lib["Source"](ITEMS, batch_size))
+        counts = op.stateful_map("count", op.key_on("key", s, lambda x: x[0]), _count)
+        rekeyed = op.map("rekey", counts, lambda kv: (kv[1][-1], kv[1]))
+        op.output("out", op.stateful_map("count2", rekeyed, _count), lib["Sink"](out))
+        op.output("out_first", counts, lib["Sink"](out_first))
+        return flow
+
+    want, got = _both(spark, build, sinks=2)
+    assert got == want
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_branch_and_merge_of_one_source(spark, batch_size: int) -> None:
+    def build(lib: dict[str, Any], out: list[Any]) -> Any:
+        op = lib["op"]
+        flow = lib["Dataflow"]("order3")
+        s = op.input("inp", flow, lib["Source"](ITEMS, batch_size))
+        b = op.branch("br", s, lambda x: int(x[1]) % 2 == 0)
+        both = op.merge("m", op.map("t", b.trues, str.upper), b.falses)
+        keyed = op.key_on("key", both, lambda x: x[0].lower())
+        op.output("out", op.stateful_map("count", keyed, _count), lib["Sink"](out))
+        return flow
+
+    want, got = _both(spark, build)
+    assert got == want
+
+
+def test_file_source_batches(spark, tmp_path: Path) -> None:
+    rng = random.Random(13)
+    path = tmp_path / "events.txt"
+    path.write_text("".join(f"k{rng.randrange(40)},{i}\n" for i in range(2500)))
+
+    def build(lib: dict[str, Any], out: list[Any]) -> Any:
+        op = lib["op"]
+        flow = lib["Dataflow"]("file")
+        s = op.input("inp", flow, lib["FileSource"](path))
+        keyed = op.key_on("key", s, lambda line: line.split(",")[0])
+        op.output("out", op.stateful_map("count", keyed, _count), lib["Sink"](out))
+        return flow
+
+    want, got = _both(spark, build)
+    assert len(want) == 2500
+    assert got == want
+
+
+def test_end_of_input_emits_in_sorted_key_order_after_a_stateful_step(spark) -> None:
+    keys = [f"key{i:02d}" for i in range(30)]
+    random.Random(7).shuffle(keys)
+    items = [(k, i) for i in range(3) for k in keys]
+
+    def build(lib: dict[str, Any], out: list[Any], out_first: list[Any]) -> Any:
+        op = lib["op"]
+        flow = lib["Dataflow"]("fold")
+        s = op.input("inp", flow, lib["Source"](items, 7))
+        counted = op.stateful_map("count", s, lambda n, v: ((n or 0) + v, (n or 0) + v))
+        rekeyed = op.map("rekey", counted, lambda kv: (kv[0][-1], kv[1]))
+        op.output("out", op.fold_final("sum", rekeyed, lambda: 0, lambda a, v: a + v), lib["Sink"](out))
+        op.output("out_first", counted, lib["Sink"](out_first))
+        return flow
+
+    want, got = _both(spark, build, sinks=2)
+    assert got == want
+
+
+def test_a_pause_ends_a_source_batch(spark) -> None:
+    def build(lib: dict[str, Any], out: list[Any]) -> Any:
+        op = lib["op"]
+        src = lib["Source"]
+        items = [*ITEMS[:4], src.PAUSE(timedelta(0)), *ITEMS[4:]]  # batches: b1 a1 c1 | b2 | a2 b3 a3 | ...
+        flow = lib["Dataflow"]("pause")
+        keyed = op.key_on("key", op.input("inp", flow, src(items, 3)), lambda x: x[0])
+        op.output("out", op.stateful_map("count", keyed, _count), lib["Sink"](out))
+        return flow
+
+    want, got = _both(spark, build)
+    assert want[3:6] == [("b", "b2#2"), ("a", "a2#2"), ("a", "a3#3")]
+    assert got == want
