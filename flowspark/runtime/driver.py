@@ -61,19 +61,21 @@ __all__ = [
 #: First emit index used for emits at the end of a key (notifications fired after
 #: the last value, then `on_eof`), so they sort after every other emit of the key.
 EOF_BASE = 1 << 31
-#: First field of end-of-key tags (plus the step's stateful level).
-EOF_HEADER = 0xFFFF0000
-#: Length of the activation header of every Spark sequence (`>IIQ`: source index,
-#: partition, activation); a source stamps it plus the item's offset in its activation.
-#: A merge inserts its upstream's index, a stateful step its key, right after it.
-HEAD_LEN = 16
-#: Length of a source's sequences: the header and the offset (`>IIQI`).
-SOURCE_LEN = HEAD_LEN + 4
+#: Activation field of end-of-key tags (plus the step's stateful level): above every
+#: activation a source stamps.
+EOF_HEADER = 0xFFFFFFFFFFFF0000
+#: Length of the activation header of every Spark sequence (`>Q`: the source batch, see
+#: `flowspark.spark.codec`). A merge inserts its upstream's index, a stateful step its
+#: key, right after it.
+HEAD_LEN = 8
+#: Length of a source's sequences: the activation, source index, partition and offset
+#: (`>QIII`).
+SOURCE_LEN = HEAD_LEN + 12
 
 _PACK_I = struct.Struct(">I").pack
 _IDX_CACHE = [_PACK_I(i) for i in range(4096)]
 _KEY_CHUNK = 4096
-_EOF_FILL = b"\0" * (HEAD_LEN - 4)
+_PACK_Q = struct.Struct(">Q").pack
 _KEY_OF = itemgetter(0)
 
 Emits = list[tuple[bytes, Any]]
@@ -120,7 +122,7 @@ def regroup(tag: bytes, ktag: bytes) -> bytes:
 
     Example:
         >>> from flowspark.spark.codec import source_seq
-        >>> a1, b0 = source_seq(0, 0, 1, 0), source_seq(0, 0, 1, 1)
+        >>> a1, b0 = source_seq(0, 0, 1, 0), source_seq(0, 1, 1, 0)  # partitions 0 and 1
         >>> regroup(b0, key_tag("a")) < regroup(a1, key_tag("b"))
         True
     """
@@ -132,9 +134,9 @@ def regroup(tag: bytes, ktag: bytes) -> bytes:
 def eof_tag(level: int, key: str) -> bytes:
     """The tag of a key's end-of-key emits.
 
-    The header `EOF_HEADER + level` fills a source header (so a merge's upstream index,
-    inserted after it, sorts below the key), then `key_tag(key)`. These tags sort after
-    every other tag of the step's input and by key.
+    The activation `EOF_HEADER + level` (so a merge's upstream index, inserted after
+    it, sorts above the key), then `key_tag(key)`. These tags sort after every other
+    tag of the step's input, and by key.
 
     Args:
         level: Stateful steps on the longest path from a source to this step.
@@ -143,7 +145,7 @@ def eof_tag(level: int, key: str) -> bytes:
     Returns:
         A tag above every tag the step's input can carry, ordered by key.
     """
-    return _PACK_I(EOF_HEADER + level) + _EOF_FILL + key_tag(key)
+    return _PACK_Q(EOF_HEADER + level) + key_tag(key)
 
 
 def bad_item_error(step_id: str, kv: Any) -> FlowsparkTypeError:

@@ -2,32 +2,33 @@
 
 - **Items** (`dumps` / `loads`): marshal for flat values, pickle otherwise.
 - **Sequences**: bytes that sort (unsigned, lexicographically) in the order the
-  items must be processed. A source stamps 20 bytes `>IIQI`: the header (source
-  index, source partition, activation) and the offset: an *activation* is one source
-  batch as in Bytewax (one `next_batch` of a partition, one `TestingSource`
-  batch), the offset the item's position in it; items that come without batches
-  (a `SparkSource`'s rows, a streaming source's chunks) are activations of one
-  item each. Every `flat_map_batch` appends one `>I` component (the index of the
-  output among the outputs of its input item; steps the IR marks `one_to_one`
-  keep the input's sequence); a stateful step moves its key into the tag of what
-  it emits, right after the header (`flowspark.runtime.driver.regroup`), and
-  appends one component (the index of the emit among the emits caused by one
-  input value, see `flowspark.runtime.driver`), so sorting by sequence groups an
-  activation's emits by key in sorted key order, as Bytewax does before each
+  items must be processed. A source stamps 20 bytes `>QIII`: the *activation*,
+  then the source index, the source partition and the item's offset in its
+  activation. An activation is what Bytewax's single worker handles in one go:
+  batch `i` of every partition of every source (`next_batch` number `i` of a
+  partition; `TestingSource`'s batches of `batch_size` items), so sorting by
+  sequence polls partitions and sources in turn, as Bytewax does. Streaming
+  sources stamp one activation per item; a `SparkSource`'s rows are one activation
+  (offset: the row's position in its Spark partition). Every `flat_map_batch`
+  appends one `>I` component (the index of the output among the outputs of its
+  input item; steps the IR marks `one_to_one` keep the input's sequence); a
+  stateful step moves its key in right after the activation
+  (`flowspark.runtime.driver.regroup`) and appends one component (the index of the
+  emit among the emits caused by one input value), so an activation's emits sort
+  by key in sorted key order, as Bytewax groups an activation by key before a
   stateful step. Emits at the end of a key (notifications due after the last
-  value, then `on_eof`) get the header `EOF_HEADER + level` (`level`: the number
-  of stateful steps on the longest path from a source to this step, so it is
-  above every header the step's input can carry), then the key
+  value, then `on_eof`) get the activation `EOF_HEADER + level` (`level`: the
+  number of stateful steps on the longest path from a source to this step, so it
+  is above every activation the step's input can carry), then the key
   (`flowspark.runtime.driver.eof_tag`), and indexes from `EOF_BASE` on: they sort
   after every item emitted while input flowed, and keys end in sorted key order,
   as in Bytewax and the in-memory executor. A merge inserts the upstream's index
-  right after the header and pads the sequence to the longest upstream's
+  right after the activation and pads the sequence to the longest upstream's
   length, so the items of one activation come upstream by upstream, as in the
-  in-memory executor's passes. Keys are encoded prefix-free (`key_tag`), so
-  comparisons are decided inside the first component that differs and never
-  reach the padding; sorting by sequence restores the order of
-  `run_main(clock="fixed")` for every item of one source partition and, within a
-  key, exactly.
+  in-memory executor's passes. Keys are encoded prefix-free
+  (`flowspark.runtime.driver.key_tag`), so comparisons are decided inside the
+  first component that differs and never reach the padding; sorting by sequence
+  gives the order of `run_main(clock="fixed")` and, within a key, exactly.
 - **Errors** (`encode_task_error` / `decode_task_error`): a marker that carries a
   `FlowsparkRuntimeError` through Spark's (Java) exception chain to the driver.
 """
@@ -64,9 +65,9 @@ __all__ = [
     "source_seq",
 ]
 
-_HEAD = struct.Struct(">IIQI")
+_HEAD = struct.Struct(">QIII")
 _PACK_SRC = _HEAD.pack
-#: `per_batch` for a source stamped item by item: each item is an activation of its own.
+#: `per_batch` for a source stamped item by item (streaming): each item is an activation.
 SINGLES = 1
 
 
@@ -95,9 +96,9 @@ def source_items(
     n = len(xs)
     if n < 16:
         if per_batch == 0:
-            return [(_PACK_SRC(source_index, partition, activation, offset + i), x) for i, x in enumerate(xs)]
+            return [(_PACK_SRC(activation, source_index, partition, offset + i), x) for i, x in enumerate(xs)]
         return [
-            (_PACK_SRC(source_index, partition, activation + (offset + i) // per_batch, (offset + i) % per_batch), x)
+            (_PACK_SRC(activation + (offset + i) // per_batch, source_index, partition, (offset + i) % per_batch), x)
             for i, x in enumerate(xs)
         ]
     import numpy as np
@@ -110,7 +111,7 @@ def source_items(
     return list(zip(seqs, xs, strict=True))
 
 
-_SEQ_DTYPE = [("s", ">u4"), ("p", ">u4"), ("a", ">u8"), ("o", ">u4")]
+_SEQ_DTYPE = [("a", ">u8"), ("s", ">u4"), ("p", ">u4"), ("o", ">u4")]
 _POSITION_BITS = 33
 
 
@@ -131,9 +132,10 @@ def _packed(source_index: int, partitions: Any, activations: Any, offsets: Any) 
 def position_seqs(source_index: int, ids: Any) -> list[bytes]:
     """The sequences of rows numbered by Spark's `monotonically_increasing_id()`.
 
-    That id is `partition << 33 | row position in the partition`; each row is an
-    activation of its own, so the sequence is the one a Python pass over the same
-    partitions stamps (`source_items(..., per_batch=SINGLES)`).
+    That id is `partition << 33 | row position in the partition`; a `SparkSource`'s
+    rows are one activation (sequences sort as the ids do), so the sequence is the one
+    a Python pass over the same partitions stamps (`source_items(si, partition, 0,
+    rows, offset=position)`).
 
     Args:
         source_index: Index of the input step in the flow.
@@ -143,13 +145,13 @@ def position_seqs(source_index: int, ids: Any) -> list[bytes]:
         One sequence per id.
 
     Example:
-        >>> position_seqs(0, [(1 << 33) + 5]) == [source_seq(0, 1, 5)]
+        >>> position_seqs(0, [(1 << 33) + 5]) == [source_seq(0, 1, 0, 5)]
         True
     """
     import numpy as np
 
     ids = np.asarray(ids, dtype=np.int64)
-    return _packed(source_index, ids >> _POSITION_BITS, ids & ((1 << _POSITION_BITS) - 1), 0)
+    return _packed(source_index, ids >> _POSITION_BITS, 0, ids & ((1 << _POSITION_BITS) - 1))
 
 
 def source_seq(source_index: int, partition: int, activation: int, offset: int = 0) -> bytes:
@@ -165,7 +167,7 @@ def source_seq(source_index: int, partition: int, activation: int, offset: int =
     Returns:
         `SOURCE_LEN` (20) bytes.
     """
-    return _PACK_SRC(source_index, partition, activation, offset)
+    return _PACK_SRC(activation, source_index, partition, offset)
 
 
 def read_head(seq: bytes) -> tuple[int, int, int, int]:
@@ -181,7 +183,8 @@ def read_head(seq: bytes) -> tuple[int, int, int, int]:
         >>> read_head(source_seq(1, 2, 3, 4) + b"rest")
         (1, 2, 3, 4)
     """
-    return _HEAD.unpack_from(seq)
+    act, si, pi, off = _HEAD.unpack_from(seq)
+    return si, pi, act, off
 
 
 #: Exact types `marshal` round-trips without changing them. (It writes anything with the

@@ -25,7 +25,6 @@ from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_err
 from flowspark.operators import _all_pairs, _check_bool
 from flowspark.runtime.driver import NOT_FOUND, bad_item_error, drive_chain, failing_item, idx
 from flowspark.spark.codec import (
-    SINGLES,
     apply_pad,
     dumps,
     encode_task_error,
@@ -665,7 +664,7 @@ def _stage_items(
                 xs = b.to_pylist()
             except Exception as e:
                 raise _fail(spec.source_step, e) from e
-            items = source_items(si, partition_id, pos, xs, per_batch=SINGLES)  # as `position_seqs`
+            items = source_items(si, partition_id, 0, xs, offset=pos)  # one activation, as `position_seqs`
             pos += len(xs)
             yield items
         return

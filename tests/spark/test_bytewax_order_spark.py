@@ -1,9 +1,10 @@
 """Order across keys on Spark batch: driver-side sinks get exactly bytewax 0.21.1's lists.
 
-Bytewax groups the items of one activation (one source batch) by key, keys in sorted
-order, before a stateful step, and ends keys in sorted key order. The Spark batch
-runtime sorts a driver-side sink's items by their sequences, which carry the source
-batch and, after a stateful step, the key (`flowspark.spark.codec`). Each case runs the
+Bytewax polls one batch of every partition of every source in turn, groups the items
+of one such activation by key, keys in sorted order, before a stateful step, and ends
+keys in sorted key order. The Spark batch runtime sorts a driver-side sink's items by
+their sequences, which start with the activation and, after a stateful step, the key
+(`flowspark.spark.codec`). Each case runs the
 same flow on bytewax's `run_main` and on `flowspark.spark.run` and compares the lists.
 The logics emit per value (`stateful_map`, `fold_final`): on Spark a key's values reach
 `on_batch` in larger batches than Bytewax's, which only a logic that emits per batch sees.
@@ -28,15 +29,22 @@ ITEMS = ["b1", "a1", "c1", "b2", "a2", "b3", "a3", "c2", "c3", "a4", "d1", "b4"]
 def _lib(name: str) -> dict[str, Any]:
     if name == "bytewax":
         import bytewax.operators as op
-        from bytewax.connectors.files import FileSource
+        from bytewax.connectors.files import DirSource, FileSource
         from bytewax.dataflow import Dataflow
         from bytewax.testing import TestingSink, TestingSource
     else:
         import flowspark.operators as op
         from flowspark.dataflow import Dataflow
-        from flowspark.inputs import FileSource
+        from flowspark.inputs import DirSource, FileSource
         from flowspark.testing import TestingSink, TestingSource
-    return {"op": op, "Dataflow": Dataflow, "FileSource": FileSource, "Sink": TestingSink, "Source": TestingSource}
+    return {
+        "op": op,
+        "Dataflow": Dataflow,
+        "DirSource": DirSource,
+        "FileSource": FileSource,
+        "Sink": TestingSink,
+        "Source": TestingSource,
+    }
 
 
 def _both(spark: Any, build: Callable[..., Any], sinks: int = 1) -> tuple[list[Any], list[Any]]:
@@ -158,4 +166,41 @@ def test_a_pause_ends_a_source_batch(spark) -> None:
 
     want, got = _both(spark, build)
     assert want[3:6] == [("b", "b2#2"), ("a", "a2#2"), ("a", "a3#3")]
+    assert got == want
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 3])
+def test_two_sources_merged_are_polled_in_turn(spark, batch_size: int) -> None:
+    def build(lib: dict[str, Any], out: list[Any], out_first: list[Any]) -> Any:
+        op = lib["op"]
+        flow = lib["Dataflow"]("merged")
+        a = op.input("a", flow, lib["Source"](ITEMS, batch_size))
+        b = op.input("b", flow, lib["Source"](["z1", "a9", "b9", "y1", "a8"], batch_size))
+        keyed = op.key_on("key", op.merge("m", a, b), lambda x: x[0])
+        counts = op.stateful_map("count", keyed, _count)
+        rekeyed = op.map("rekey", counts, lambda kv: (kv[1][-1], kv[1]))
+        op.output("out", op.fold_final("last", rekeyed, list, lambda acc, v: [*acc, v]), lib["Sink"](out))
+        op.output("out_first", counts, lib["Sink"](out_first))
+        return flow
+
+    want, got = _both(spark, build, sinks=2)
+    assert got == want
+
+
+def test_files_of_a_directory_are_polled_in_turn(spark, tmp_path: Path) -> None:
+    rng = random.Random(5)
+    for f in range(3):
+        n = (1500, 700, 2100)[f]
+        (tmp_path / f"part{f}.txt").write_text("".join(f"k{rng.randrange(25)},{f}-{i}\n" for i in range(n)))
+
+    def build(lib: dict[str, Any], out: list[Any]) -> Any:
+        op = lib["op"]
+        flow = lib["Dataflow"]("dir")
+        s = op.input("inp", flow, lib["DirSource"](tmp_path))
+        keyed = op.key_on("key", s, lambda line: line.split(",")[0])
+        op.output("out", op.stateful_map("count", keyed, _count), lib["Sink"](out))
+        return flow
+
+    want, got = _both(spark, build)
+    assert len(want) == 4300
     assert got == want

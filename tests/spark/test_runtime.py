@@ -168,7 +168,7 @@ def test_end_of_key_emits_sort_after_the_key_values_and_by_key():
     eof_a, eof_b = a[-1][0], b[-1][0]
     assert eof_a > a[-2][0]
     assert eof_a < eof_b  # on_eof in sorted key order (as Bytewax), though "b" came first
-    assert eof_a > source_seq(2**16, 0, 0)  # after any regular item
+    assert eof_a > source_seq(2**16, 2**16, 2**40)  # after any regular item
 
 
 @pytest.mark.parametrize("pad", [b"", b"\0\0\0\1" + b"\0" * 8])
