@@ -182,15 +182,20 @@ class StepDriver:
         builder: `builder(resume_state | None) -> StatefulBatchLogic`.
         level: Stateful steps on the longest path from a source to this step
             (itself included); orders end-of-key tags after their inputs.
+        regroup: Whether `drive` moves the key into its emits' tags (`regroup`). Only
+            needed where the order across keys is seen: emits that reach a driver-side
+            sink or a step keyed otherwise; the compiler turns it off inside a fused
+            chain (the next step has the same key) and before partitioned sinks.
     """
 
-    __slots__ = ("builder", "level", "step_id")
+    __slots__ = ("builder", "level", "regroup", "step_id")
 
-    def __init__(self, step_id: str, builder: Callable[[Any], Any], level: int = 1) -> None:
+    def __init__(self, step_id: str, builder: Callable[[Any], Any], level: int = 1, regroup: bool = True) -> None:
         """Describe the step."""
         self.step_id = step_id
         self.builder = builder
         self.level = level
+        self.regroup = regroup
 
     # -- one hook at a time ----------------------------------------------------
     def fail(self, key: Optional[str], error: BaseException) -> FlowsparkRuntimeError:
@@ -504,7 +509,7 @@ class StepDriver:
         if items and logic is None:
             logic = self.build(key)
         # Emits sort by (activation, key, then as their values): see `regroup`.
-        mid = key_tag(key) if items and items[0][0] else b""
+        mid = key_tag(key) if self.regroup and items and items[0][0] else b""
         cut = HEAD_LEN
         if logic is not None and not wants_notify(logic):
             # No timers: hand the values over in large batches. Emit j of a batch gets the
@@ -516,8 +521,8 @@ class StepDriver:
                 ws, discard = self.feed(key, logic, [v for _, v in chunk])
                 if ws:
                     nw, nc = len(ws), len(chunk)
-                    if not mid:
-                        out.extend([(b"", w) for w in ws])
+                    if not mid and nw <= nc and nw <= len(_IDX_CACHE):
+                        out.extend([(t + i, w) for (t, _), i, w in zip(chunk, _IDX_CACHE, ws, strict=False)])
                     elif nw <= nc and nw <= len(_IDX_CACHE):
                         tags = [t for t, _ in chunk[:nw]]
                         out.extend(

@@ -17,7 +17,7 @@ longest upstream and adds 4.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import cloudpickle
@@ -292,6 +292,17 @@ def compile_flow(graph: Any) -> Plan:
         n_sinks = sum(1 for _sid, _sink, _where, up in sinks if up == stream)
         return len(loc[stream].ports) == 1 and n_sinks == 1 and stream not in readers
 
+    seen_at_driver = {side for _sid, _fn, side in inspects}
+    seen_at_driver.update(up for _sid, _sink, where, up in sinks if where == "driver")
+
+    def chain_of(b: _Builder) -> tuple[KeyedStep, ...]:
+        # The order across keys of a chain's emits matters only where a driver-side sink
+        # or inspect, or another stage (a step keyed otherwise), sees them; inside the
+        # chain the next step has the same key.
+        seen = any(s in readers or s in seen_at_driver for s in b.ports)
+        last = len(b.chain) - 1
+        return tuple(replace(ks, regroup=i == last and seen) for i, ks in enumerate(b.chain))
+
     plans: list[StagePlan] = []
     for b in stages:
         column_key = None
@@ -302,7 +313,7 @@ def compile_flow(graph: Any) -> Plan:
             stage_id=b.stage_id,
             source=b.source,
             entry=b.entry,
-            chain=tuple(b.chain),
+            chain=chain_of(b),
             ops=tuple(b.ops),
             ports=tuple(Port(s, b.key_for.get(s), value_only(s)) for s in b.ports),
             source_step=b.source_step,

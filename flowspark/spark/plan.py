@@ -73,13 +73,15 @@ class KeyedStep:
     `level`: the number of stateful steps on the longest path from a source to
     this step (itself included); it orders end-of-key emits after their inputs.
     `notifies`: the IR's `StatefulBatch.notifies` (whether a logic can ask for a
-    notification).
+    notification). `regroup`: whether its emits' sequences carry the key (see
+    `StepDriver`).
     """
 
     step_id: str
     builder: Callable[[Any], Any]
     level: int = 1
     notifies: bool = True
+    regroup: bool = True
 
     def driver(self) -> StepDriver:
         """The per-key driver of this step.
@@ -87,7 +89,7 @@ class KeyedStep:
         Returns:
             A `StepDriver`.
         """
-        return StepDriver(self.step_id, self.builder, self.level)
+        return StepDriver(self.step_id, self.builder, self.level, self.regroup)
 
 
 @dataclass(frozen=True)

@@ -149,3 +149,29 @@ def test_keyed_ports_carry_only_the_value_unless_something_else_reads_them():
     assert src.spec.ports[0].key_for == "g.run.stateful_batch"
     assert not src.spec.ports[0].value_only
     assert not keyed.spec.input_value_only
+
+
+def test_only_emits_whose_order_across_keys_is_seen_carry_the_key():
+    # Inside a fused chain the next step has the same key: no key in the sequence.
+    chain = compile_flow(keyed_flow()).stages[1].spec.chain
+    assert [ks.regroup for ks in chain] == [False, True]  # the last one reaches a TestingSink
+
+    def flow_to(sink_for):
+        flow = Dataflow("g")
+        k = op.key_on("k", op.input("inp", flow, TestingSource(["a1"])), lambda x: x[0])
+        counts = op.stateful_map("run", k, lambda st, v: (st, v))
+        sink_for(flow, counts)
+        return compile_flow(flow)
+
+    parquet = flow_to(lambda f, s: op.output("out", s, SparkSink("parquet", "/tmp/never-written")))
+    assert [ks.regroup for ks in parquet.stages[1].spec.chain] == [False]
+    inspected = flow_to(lambda f, s: op.output("out", op.inspect("i", s), SparkSink("parquet", "/tmp/x")))
+    assert [ks.regroup for ks in inspected.stages[1].spec.chain] == [True]
+    rekeyed = flow_to(
+        lambda f, s: op.output(
+            "out",
+            op.stateful_map("again", op.key_on("k2", s, lambda kv: kv[1]), lambda st, v: (st, v)),
+            SparkSink("parquet", "/tmp/x"),
+        )
+    )
+    assert [[ks.regroup for ks in st.spec.chain] for st in rekeyed.stages if st.kind == "keyed"] == [[True], [False]]
