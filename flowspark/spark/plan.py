@@ -145,7 +145,8 @@ class StageSpec:
     `dead_letter`: the run has a dead letter: items a stateless step, a key check or a
     `SparkSink`'s schema refuses leave the stage on `DEAD_PORT` instead of failing it.
     `per_batch`: for a `chunks` source, its items per source batch (activation; see
-    `flowspark.spark.codec`); 1: each item is an activation of its own.
+    `flowspark.spark.codec`); 1: each item is an activation of its own; 0: each chunk
+    row's items are one activation (the streaming reader cuts chunks at source batches).
     """
 
     stage_id: int

@@ -6,13 +6,18 @@ partition for what is ready now (at most `max_items` items per partition and
 micro-batch) and returns the partitions' new positions; `partitions` hands the
 items polled for that offset range to the tasks: each source partition's range
 becomes at most `tasks // partitions` Spark tasks (at least one; `tasks` is the
-session's default parallelism), each holding chunks of up to 5000 items. A task runs the source stage itself (the
-stage is fused into the read, so the items cross from Python to Spark once):
-`read` feeds its chunks, as chunk rows of the batch runtime's row format (`seq` the
-source sequence `(source index, partition index, position)` of the first item,
-`v` the encoded list of items), to the batch runtime's stage function and yields
-its Arrow batches `(p, k, seq, v)`. Without a stage (`stage=None`), `read` yields
-the chunk rows `(k, seq, v)` themselves.
+session's default parallelism), each holding chunks of up to 5000 items. A task
+runs the source stage itself (the stage is fused into the read, so the items
+cross from Python to Spark once): `read` feeds its chunks, as chunk rows of the
+batch runtime's row format (`seq` the source sequence of the first item: its
+activation, source index, partition index and offset in its source batch; `v`
+the encoded list of items, all of one source batch), to the batch runtime's
+stage function and yields its Arrow batches `(p, k, seq, v)`. Without a stage
+(`stage=None`), `read` yields the chunk rows `(k, seq, v)` themselves.
+
+Activations are Bytewax's: the partitions are polled in turn, so the `j`-th
+source batch each partition returns in a micro-batch is one activation of all
+of them; each partition's offset records the next activation number.
 
 Offsets are real: for each partition, its `snapshot()` after the last item of
 the range (pickled, base64) and the number of items read so far. Spark writes
@@ -54,6 +59,32 @@ _CHUNK = 5000
 _SCHEMA = "k string, seq binary, v binary"
 #: Rows of a fused source stage (the batch runtime's stage rows).
 STAGE_SCHEMA = "p int, k string, seq binary, v binary"
+
+
+def _first_activation(start: dict) -> int:
+    """The activation a micro-batch's first source batches get: after every one before it.
+
+    Partitions are polled in turn, as in Bytewax: the `j`-th batch each partition
+    returns in a micro-batch is activation `round0 + j` of all of them (Spark
+    checkpoints each partition's next activation in its offset).
+    """
+    return max((int(off.get("act", 0)) for off in start.values() if isinstance(off, dict)), default=0)
+
+
+def _chunk_cuts(sizes: list[int], most: int) -> Iterator[tuple[int, int, int, int]]:
+    """Cut a range of source batches into chunks: `(batch index, offset in it, start, length)`.
+
+    A chunk never spans two batches (its items share an activation) nor holds more than `most` items.
+
+        >>> list(_chunk_cuts([3, 5], 4))
+        [(0, 0, 0, 3), (1, 0, 3, 4), (1, 4, 7, 1)]
+    """
+    at = 0
+    for act, size in enumerate(sizes):
+        for off in range(0, size, most):
+            n = min(most, size - off)
+            yield act, off, at, n
+            at += n
 
 
 def _enc(x: Any) -> str:
@@ -158,7 +189,8 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.keys = self._call(lambda: list(source.list_parts()))
         self.splits = max(1, tasks // max(1, len(self.keys)))
         self.live: dict[str, tuple[int, Any]] = {}  # key -> (items read so far, partition)
-        self.buf: dict[tuple[str, int], list[Any]] = {}  # (key, start n) -> items of the range
+        # (key, start n) -> (items of the range, the sizes of the source batches they came in)
+        self.buf: dict[tuple[str, int], tuple[list[Any], list[int]]] = {}
         self.available_now = False
         self.drained: set[str] = set()
         # Partitions that ended in an earlier run are read once more when a run starts: a
@@ -175,7 +207,7 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             raise step_error(self.step_id, e) from e
 
     def initialOffset(self) -> dict:  # noqa: N802
-        return {k: {"snap": _enc(None), "n": 0, "eof": False} for k in self.keys}
+        return {k: {"snap": _enc(None), "n": 0, "eof": False, "act": 0} for k in self.keys}
 
     def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
         self.available_now = True
@@ -199,6 +231,7 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: Any) -> dict:  # noqa: N802
         end: dict = {}
         now: Optional[datetime] = None
+        round0 = _first_activation(start)
         for key in self.keys:
             off = start.get(key) or {"snap": _enc(None), "n": 0, "eof": False}
             if off["eof"] and key not in self.retried:
@@ -215,12 +248,15 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     end[key] = off
                     continue
             items: list[Any] = []
+            sizes: list[int] = []
             eof = False
             try:
                 while len(items) < self.max_items:
                     got = self._call(lambda p=part: list(p.next_batch()))
                     items.extend(got)
-                    if not got:
+                    if got:
+                        sizes.append(len(got))
+                    else:
                         if self.available_now:
                             self.drained.add(key)
                         break
@@ -234,9 +270,10 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             n = off["n"] + len(items)
             snap = self._call(part.snapshot)
             if items:
-                self.buf[(key, off["n"])] = items
+                self.buf[(key, off["n"])] = (items, sizes)
             self.live[key] = (n, part)
-            end[key] = {"snap": _enc(snap), "n": n, "eof": eof}
+            act = round0 + len(sizes) if sizes else off.get("act", 0)
+            end[key] = {"snap": _enc(snap), "n": n, "eof": eof, "act": act}
             if eof:
                 self._close(part)
                 del self.live[key]
@@ -244,28 +281,37 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         out: list[InputPartition] = []
+        round0 = _first_activation(start)
         for pi, key in enumerate(self.keys):
             s = start.get(key) or {"snap": _enc(None), "n": 0, "eof": False}
             e = end.get(key, s)
             count = e["n"] - s["n"]
             if count <= 0:
                 continue
-            items = self.buf.pop((key, s["n"]), None)
-            if items is None or len(items) != count:
-                items = self._replay(key, s, count)
-            chunks = [(s["n"] + i, dumps(items[i : i + _CHUNK])) for i in range(0, count, _CHUNK)]
+            got = self.buf.pop((key, s["n"]), None)
+            if got is None or len(got[0]) != count:
+                got = self._replay(key, s, count)
+            items, sizes = got
+            chunks = [
+                (source_seq(self.source_index, pi, round0 + act, off), dumps(items[at : at + n]))
+                for act, off, at, n in _chunk_cuts(sizes, _CHUNK)
+            ]
             per_task = -(-len(chunks) // min(self.splits, len(chunks)))
             for i in range(0, len(chunks), per_task):
                 out.append(InputPartition((pi, chunks[i : i + per_task])))
         return out
 
-    def _replay(self, key: str, off: dict, count: int) -> list[Any]:
-        """Re-read `count` items of partition `key` from the snapshot in `off`."""
+    def _replay(self, key: str, off: dict, count: int) -> tuple[list[Any], list[int]]:
+        """Re-read `count` items of partition `key` (and their batch sizes) from the snapshot in `off`."""
         part = self._call(lambda: self.source.build_part(self.step_id, key, _dec(off["snap"])))
         items: list[Any] = []
+        sizes: list[int] = []
         try:
             while len(items) < count:
-                items.extend(self._call(lambda: list(part.next_batch())))
+                got = self._call(lambda: list(part.next_batch()))
+                items.extend(got)
+                if got:
+                    sizes.append(min(len(got), count - sum(sizes)))
         except StopIteration:
             pass
         finally:
@@ -276,11 +322,11 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 f"but the checkpoint recorded {count}; the source does not resume deterministically"
             )
             raise FlowsparkRuntimeError(self.step_id, msg)
-        return items[:count]
+        return items[:count], sizes
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        pi, chunks = partition.value
-        rows = [(None, source_seq(self.source_index, pi, pos), blob) for pos, blob in chunks]
+        _pi, chunks = partition.value
+        rows = [(None, head, blob) for head, blob in chunks]
         if self.stage is None:
             yield from rows
             return

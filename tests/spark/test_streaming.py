@@ -141,21 +141,23 @@ def _same_files_flow(src: JsonlDirSource, out: list) -> Dataflow:
     return flow
 
 
-def test_same_output_as_in_memory_executor(spark, tmp_path):
+@pytest.mark.parametrize("parts", [["p1"], ["p1", "p2"]])
+def test_same_output_as_in_memory_executor(spark, tmp_path, parts):
     from flowspark.spark import run
     from flowspark.testing import run_main
 
-    # One partition: the order of each key's values is then defined (across partitions it is
-    # not, in flowspark as in bytewax), and several micro-batches (max_items=30) must keep it.
+    # Several micro-batches (max_items=30) must keep each key's order. With two partitions
+    # every key is in both: Bytewax polls the partitions in turn, one source batch of each
+    # (an activation), and each micro-batch's source batches are stamped the same way.
     root = str(tmp_path / "in")
-    for part in ("p1",):
+    for pi, part in enumerate(parts):
         for f in range(3):
-            rows = [{"user": f"u{(i * 7 + f) % 5}", "n": (i + f) % 4} for i in range(40)]
+            rows = [{"user": f"u{(i * 7 + f + pi) % 5}", "n": (i + f * pi) % 4} for i in range(40)]
             write_jsonl(f"{root}/{part}/{f:04d}.jsonl", rows)
     local: list = []
-    run_main(_same_files_flow(JsonlDirSource(root, ["p1"], batch=25, bounded=True), local))
+    run_main(_same_files_flow(JsonlDirSource(root, parts, batch=25, bounded=True), local))
     streamed: list = []
-    src = JsonlDirSource(root, ["p1"], batch=25)
+    src = JsonlDirSource(root, parts, batch=25)
     run(
         _same_files_flow(src, streamed),
         spark=spark,

@@ -361,7 +361,7 @@ class StreamingRun:
             src,
             spec.source_index,
             self.max_items,
-            stage=dataclasses.replace(spec, source="chunks"),  # the reader hands chunk rows to the stage
+            stage=dataclasses.replace(spec, source="chunks", per_batch=0),  # chunk rows, each of one source batch
             clock=self.clock,
             tasks=default_parallelism(self.spark),
         )
