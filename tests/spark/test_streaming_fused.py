@@ -104,17 +104,22 @@ def test_reader_splits_a_partition_range_over_the_tasks_and_keeps_positions():
     from flowspark.spark import pysource
     from flowspark.spark.codec import loads, source_seq
 
-    src = ListSource({"only": list(range(12_000))}, batch=4000)
+    src = ListSource({"only": list(range(12_000))}, batch=6000)
     reader = pysource._Reader("f.inp", src, 0, 100_000, None, None, 4)
     start = reader.initialOffset()
     end = reader.latestOffset(start, None)
+    assert end["only"]["act"] == 2  # two source batches: the next micro-batch starts at activation 2
     parts = reader.partitions(start, end)
-    assert len(parts) == 3  # 3 chunks of <= 5000 items, up to 4 tasks
+    assert len(parts) == 4  # 4 chunks of <= 5000 items of one source batch each, up to 4 tasks
     rows = [row for p in parts for row in reader.read(p)]
-    assert [r[1] for r in rows] == [source_seq(0, 0, pos) for pos in (0, 5000, 10000)]
+    # A chunk's header: the activation (source batch) of its first item and its offset in that batch.
+    assert [r[1] for r in rows] == [source_seq(0, 0, a, o) for a, o in ((0, 0), (0, 5000), (1, 0), (1, 5000))]
     assert [x for r in rows for x in loads(r[2])] == list(range(12_000))
     one_task = pysource._Reader("f.inp", src, 0, 100_000, None, None, 1)
     assert len(one_task.partitions(start, one_task.latestOffset(start, None))) == 1
+    # A replay (nothing buffered: a restarted query) cuts the same chunks from the snapshot.
+    again = pysource._Reader("f.inp", src, 0, 100_000, None, None, 4)
+    assert [row for p in again.partitions(start, end) for row in again.read(p)] == rows
 
 
 def _fails_on_u2(state, _value):
