@@ -127,14 +127,21 @@ def stream_options(
     return {"flowspark.source": blob, "flowspark.fused": "1" if stage is not None else "0"}
 
 
-def register(spark: Any) -> None:
+def register(spark: Any, carry: Optional[bytes] = None) -> None:
     """Register the data sources on `spark` (once per session is enough; repeating is harmless).
 
     Args:
         spark: The SparkSession.
+        carry: The flowspark zip, when the server's Python lacks flowspark: the sources
+            are registered in carriers (`flowspark.spark.carrier`).
     """
-    spark.dataSource.register(FlowsparkDataSource)
-    spark.dataSource.register(TickDataSource)
+    sources: tuple[type, ...] = (FlowsparkDataSource, TickDataSource)
+    if carry is not None:
+        from flowspark.spark.carrier import carried_data_source
+
+        sources = tuple(carried_data_source(cls, carry) for cls in sources)
+    for cls in sources:
+        spark.dataSource.register(cls)
 
 
 class FlowsparkDataSource(DataSource):

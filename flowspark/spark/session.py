@@ -16,7 +16,6 @@ __all__ = [
     "DEFAULT_CONF",
     "MasterUnreachableError",
     "check_master",
-    "check_streaming_workers",
     "connect_session",
     "default_parallelism",
     "ensure_workers",
@@ -25,6 +24,7 @@ __all__ = [
     "open_session",
     "quiet_logs",
     "ship_user_modules",
+    "streaming_carry",
 ]
 
 #: Settings of the session `get_session` creates.
@@ -102,33 +102,28 @@ _READY: set[Any] = set()
 _SHIPPED: dict[Any, str] = {}
 
 
-def check_streaming_workers(spark: Any) -> None:
-    """Stop before a streaming query on a Spark Connect server whose Python lacks this flowspark.
+def streaming_carry(spark: Any) -> Optional[bytes]:
+    """The flowspark zip a streaming query's Python data sources must carry, or `None`.
 
     Spark applies the artifacts a Connect client uploads (how flowspark ships itself,
-    `ensure_workers`) to batch jobs, but not to the tasks of a streaming query nor to
-    the planning of a Python data source (Spark 4.3: both fail with `No module named
-    'flowspark'`). Call after `ensure_workers`.
+    `ensure_workers`) to the tasks of batch jobs and streaming queries, but not to
+    the planning of a Python data source (Spark 4.3: the query fails while Spark
+    builds its plan). When flowspark had to ship itself to a Connect session, the
+    data sources are registered in carriers holding the zip
+    (`flowspark.spark.carrier`). Call after `ensure_workers`.
 
     Args:
         spark: The SparkSession.
 
-    Raises:
-        WorkerEnvironmentError: One line with the server's interpreter and what to install.
+    Returns:
+        The zip's bytes, or `None`.
     """
-    import flowspark
-    from flowspark.errors import WorkerEnvironmentError
+    if _SHIPPED.get(_session_key(spark)) is None or not is_connect(spark):
+        return None
+    from flowspark.spark import carrier
 
-    exe = _SHIPPED.get(_session_key(spark))
-    if exe is None or not is_connect(spark):
-        return
-    msg = (
-        f"the Spark Connect server's Python workers ({exe}) cannot import flowspark {flowspark.__version__}: "
-        "flowspark ships itself to them for batch jobs, but Spark does not give a streaming query's tasks "
-        f"what a Connect client uploads; install flowspark[spark]=={flowspark.__version__} in the Python the "
-        "server runs its workers with (the server's PYSPARK_PYTHON)"
-    )
-    raise WorkerEnvironmentError(msg)
+    carrier.register_by_value()
+    return Path(_package_zip()).read_bytes()
 
 
 # The probe is compiled from source in a module of its own name, so it travels to the

@@ -19,7 +19,7 @@ from streaming_helpers import JsonlDirSource, count_mapper, write_jsonl  # noqa:
 
 import flowspark.operators as op  # noqa: E402
 from flowspark.dataflow import Dataflow  # noqa: E402
-from flowspark.errors import FlowsparkRuntimeError, WorkerEnvironmentError  # noqa: E402
+from flowspark.errors import FlowsparkRuntimeError  # noqa: E402
 from flowspark.testing import TestingSink, TestingSource, run_main  # noqa: E402
 
 
@@ -148,7 +148,7 @@ def parquet_sink(url: str, d: str) -> dict:
 
 
 def no_flowspark(url: str, d: str) -> dict:
-    """The server's workers lack flowspark: a batch job ships it; a stream stops with what to install."""
+    """The server's workers lack flowspark: a batch job ships it; a stream carries it (two runs, one checkpoint)."""
     from flowspark.spark import run
 
     spark = _session(url)
@@ -158,14 +158,37 @@ def no_flowspark(url: str, d: str) -> dict:
     op.output("out", op.stateful_map("sum", s, lambda st, v: ((st or 0) + v, (st or 0) + v)), TestingSink(out))
     run(flow, spark=spark)
     root = f"{d}/in"
-    write_jsonl(f"{root}/a/0001.jsonl", [{"user": "u1"}])
-    write_jsonl(f"{root}/b/0001.jsonl", [])
-    try:
-        _run_stream(spark, _count_flow(root, []), d, [])
-        stream_error = None
-    except WorkerEnvironmentError as e:
-        stream_error = str(e)
-    return {"batch": sorted(out), "stream_error": stream_error}
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 3}"} for i in range(7)])
+    write_jsonl(f"{root}/b/0001.jsonl", [{"user": "u1"}, {"user": "u4"}])
+    first: list = []
+    lines: list = []
+    _run_stream(spark, _count_flow(root, first), d, lines)
+    write_jsonl(f"{root}/a/0002.jsonl", [{"user": "u0"}, {"user": "u4"}])
+    second: list = []
+    _run_stream(spark, _count_flow(root, second), d, lines)
+    expected: list = []
+    run_main(_count_flow(root, expected, bounded=True))
+    # The key layout's transformWithStateInPandas processor is carried too.
+    keyed: list = []
+    run(
+        _count_flow(root, keyed),
+        spark=spark,
+        checkpoint=f"{d}/chk-key",
+        trigger="available_now",
+        progress=False,
+        state_layout="key",
+    )
+    from flowspark.spark.session import streaming_carry
+
+    return {
+        "batch": sorted(out),
+        "carried": streaming_carry(spark) is not None,
+        "first": first,
+        "second": second,
+        "expected": expected,
+        "key_layout": keyed,
+        "lines": lines,
+    }
 
 
 SCENARIOS = {f.__name__: f for f in (stream, sink_down, stream_user_error, parquet_sink, no_flowspark)}

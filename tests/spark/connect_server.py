@@ -22,11 +22,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start_server(log_dir: Path, worker_python: Optional[str] = None, env: Optional[dict[str, str]] = None) -> tuple:
+def start_server(
+    log_dir: Path,
+    worker_python: Optional[str] = None,
+    env: Optional[dict[str, str]] = None,
+    conf: Optional[dict[str, str]] = None,
+) -> tuple:
     """Start `SparkConnectServer` on a free port with `local[2]`; return `(url, process)`.
 
     Skips the test only when Java is missing. `worker_python` is the server's
-    PYSPARK_PYTHON (default this interpreter).
+    PYSPARK_PYTHON (default this interpreter); `conf`: more Spark settings.
     """
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Java is missing: a Spark Connect server needs it")
@@ -64,8 +69,10 @@ def start_server(log_dir: Path, worker_python: Optional[str] = None, env: Option
         "spark.default.parallelism=2",
         "--conf",
         "spark.driver.memory=1g",
-        "spark-internal",
     ]
+    for k, v in (conf or {}).items():
+        cmd += ["--conf", f"{k}={v}"]
+    cmd.append("spark-internal")
     log = open(log_dir / "server.log", "w")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, start_new_session=True)
     deadline = time.monotonic() + 180

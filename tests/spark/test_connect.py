@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from connect_server import start_server, stop_server
 
+from flowspark.testing import per_key
+
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
@@ -155,20 +157,31 @@ def test_cli_run_remote(server, tmp_path):
     )
 
 
-def test_workers_without_flowspark_get_it_for_batch_and_a_stream_says_what_to_install(tmp_path):
+def test_workers_without_flowspark_get_it_for_batch_and_streams(tmp_path):
     """The server's workers run a Python that cannot import flowspark (no site processing)."""
     wrapper = tmp_path / "worker-python"
     wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     wrapper.chmod(0o755)
     # `-S` skips the editable install's .pth: the workers see site-packages (pyarrow, pandas) only.
+    # No Python worker reuse: a worker that ran one carried function has flowspark on its
+    # path, so reuse would hide a function or class that is not carried.
     url, proc = start_server(
-        tmp_path / "server", worker_python=str(wrapper), env={"PYTHONPATH": os.pathsep.join(site.getsitepackages())}
+        tmp_path / "server",
+        worker_python=str(wrapper),
+        env={"PYTHONPATH": os.pathsep.join(site.getsitepackages())},
+        conf={"spark.python.worker.reuse": "false"},
     )
     try:
         res = _scenario("no_flowspark", url, tmp_path)
     finally:
         stop_server(proc)
     assert [tuple(x) for x in res["batch"]] == [("a", 1), ("a", 4), ("b", 2)]
-    assert res["stream_error"] is not None
-    assert "cannot import flowspark" in res["stream_error"]
-    assert "install flowspark[spark]==" in res["stream_error"]
+    assert res["carried"]  # flowspark had to ship itself
+    # The stream's tasks and its data source get flowspark from the carriers: the same
+    # per-key results as in memory, across a restart from the checkpoint.
+    got = [tuple(x) for x in res["first"] + res["second"]]
+    assert res["first"]
+    assert res["second"]
+    assert per_key(got) == per_key([tuple(x) for x in res["expected"]])
+    assert per_key([tuple(x) for x in res["key_layout"]]) == per_key([tuple(x) for x in res["expected"]])
+    assert res["lines"]

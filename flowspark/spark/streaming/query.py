@@ -329,6 +329,9 @@ class StreamingRun:
         self.outbox = Outbox(spark, self.checkpoint)
         #: Spark Connect: `foreachBatch` would run on the server, so those outputs go through the outbox.
         self.connect = is_connect(spark)
+        #: The flowspark zip the query's Python data sources carry (a Connect server whose
+        #: Python lacks flowspark: `flowspark.spark.carrier`), else `None`.
+        self.carry: Optional[bytes] = options.get("carry")
         #: A `DeadLetterDir` dead letter is written by the tasks (`flowspark.spark.streaming.deadletter`).
         self.dead_dir: Optional[DeadLetterDir] = (
             plan.dead_letter if isinstance(plan.dead_letter, DeadLetterDir) else None
@@ -355,7 +358,7 @@ class StreamingRun:
                 raise FlowsparkRuntimeError(spec.source_step, f"step {spec.source_step!r}: {e}") from e
         from flowspark.spark import pysource
 
-        pysource.register(self.spark)
+        pysource.register(self.spark, self.carry)
         opts = pysource.stream_options(
             spec.source_step,
             src,
@@ -439,7 +442,7 @@ class StreamingRun:
 
         from flowspark.spark import pysource
 
-        pysource.register(self.spark)
+        pysource.register(self.spark, self.carry)
         ticks = self.spark.readStream.format(pysource.TICK_FORMAT).load()
         if "p" in columns:
             ticks = ticks.select(F.lit(TICK_ROUTE).cast("int").alias("p"), "k", "seq", "v")
@@ -1117,7 +1120,7 @@ def run_streaming(
         allowed = " or ".join(map(repr, LAYOUTS))
         msg = f"flowspark.spark.run: state_layout must be {allowed}; received {state_layout!r}"
         raise FlowsparkTypeError(msg)
-    from flowspark.spark.session import check_streaming_workers, ensure_workers, ship_user_modules
+    from flowspark.spark.session import ensure_workers, ship_user_modules, streaming_carry
 
     dead_sink = dead_letter_arg("flowspark.spark.run", dead_letter)
     ship_user_modules()
@@ -1132,7 +1135,7 @@ def run_streaming(
 
         spark = get_session()
     ensure_workers(spark)
-    check_streaming_workers(spark)
+    carry = streaming_carry(spark)
     show: Optional[Callable[[str], None]]
     if progress is True:
         show = print
@@ -1151,6 +1154,7 @@ def run_streaming(
             "timers": timers,
             "layout": layout,
             "state_ttl": state_ttl,
+            "carry": carry,
         },
     )
     lst = _Listener(sr, show)
