@@ -1,11 +1,12 @@
 """Carriers: flowspark's Python data sources, wrapped so Spark can plan them where flowspark is not installed.
 
-Through Spark Connect, flowspark ships itself to a server whose Python lacks it as a
-Python artifact (`flowspark.spark.session.ensure_workers`). Spark hands the artifacts
-to the tasks of batch jobs and of streaming queries (`mapInArrow`,
+flowspark ships itself to Python workers that lack it (`flowspark.spark.session.ensure_workers`:
+`addPyFile` on a classic session, a Python artifact through Spark Connect). Spark hands
+the zip to the tasks of batch jobs and of streaming queries (`mapInArrow`,
 `applyInPandasWithState` and `transformWithStateInPandas` functions import flowspark
 there), but not to the Python process that plans a streaming Python data source
-(measured on Spark 4.3: the query fails while Spark builds its logical plan). The
+(measured on Spark 4.3, both kinds of session: the query fails while Spark builds
+its logical plan with `No module named 'flowspark'`). The
 data sources (`flowspark.spark.pysource`) are then registered in carriers: classes
 of this module, which pickle *by value* (this module imports nothing of flowspark
 and is registered with cloudpickle as such), holding the flowspark zip and the real

@@ -105,12 +105,12 @@ _SHIPPED: dict[Any, str] = {}
 def streaming_carry(spark: Any) -> Optional[bytes]:
     """The flowspark zip a streaming query's Python data sources must carry, or `None`.
 
-    Spark applies the artifacts a Connect client uploads (how flowspark ships itself,
-    `ensure_workers`) to the tasks of batch jobs and streaming queries, but not to
-    the planning of a Python data source (Spark 4.3: the query fails while Spark
-    builds its plan). When flowspark had to ship itself to a Connect session, the
-    data sources are registered in carriers holding the zip
-    (`flowspark.spark.carrier`). Call after `ensure_workers`.
+    When flowspark ships itself (`ensure_workers`: `addPyFile` on a classic session, a
+    Python artifact through Spark Connect), Spark hands the zip to the tasks of batch
+    jobs and streaming queries, but not to the Python process that plans a Python data
+    source (Spark 4.3, both kinds of session: `No module named 'flowspark'` while
+    Spark builds the query's plan). The data sources are then registered in carriers
+    holding the zip (`flowspark.spark.carrier`). Call after `ensure_workers`.
 
     Args:
         spark: The SparkSession.
@@ -118,7 +118,7 @@ def streaming_carry(spark: Any) -> Optional[bytes]:
     Returns:
         The zip's bytes, or `None`.
     """
-    if _SHIPPED.get(_session_key(spark)) is None or not is_connect(spark):
+    if _SHIPPED.get(_session_key(spark)) is None:
         return None
     from flowspark.spark import carrier
 

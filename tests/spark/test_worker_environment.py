@@ -1,4 +1,4 @@
-"""A session whose Python workers run an interpreter without flowspark: flowspark ships itself, or says what to set."""
+"""Workers whose Python lacks flowspark: flowspark ships itself (batch and streams), or says what to set."""
 
 from __future__ import annotations
 
@@ -23,21 +23,53 @@ DRIVER = textwrap.dedent(
     import flowspark.operators as op
     from flowspark.dataflow import Dataflow
     from flowspark.errors import WorkerEnvironmentError
+    from flowspark.inputs import FixedPartitionedSource, StatefulSourcePartition
     from flowspark.spark import run
     from flowspark.testing import TestingSink, TestingSource
 
     spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
     spark.sparkContext.setLogLevel("OFF")
-    flow = Dataflow("ship")
-    s = op.input("inp", flow, TestingSource([("a", 1), ("b", 2), ("a", 3)]))
-    out = []
-    op.output("out", op.stateful_map("sum", s, lambda st, v: ((st or 0) + v, (st or 0) + v)), TestingSink(out))
+    ITEMS = [("a", 1), ("b", 2), ("a", 3)]
+
+
+    class _Part(StatefulSourcePartition):
+        def __init__(self, pos):
+            self.pos = pos or 0
+
+        def next_batch(self):
+            got, self.pos = ITEMS[self.pos : self.pos + 2], min(self.pos + 2, len(ITEMS))
+            return got  # then [] forever: nothing new, an unbounded source
+
+        def snapshot(self):
+            return self.pos
+
+
+    class Endless(FixedPartitionedSource):
+        def list_parts(self):
+            return ["only"]
+
+        def build_part(self, step_id, for_part, resume_state):
+            return _Part(resume_state)
+
+
+    def flow_of(src, out):
+        flow = Dataflow("ship")
+        s = op.input("inp", flow, src)
+        op.output("out", op.stateful_map("sum", s, lambda st, v: ((st or 0) + v, (st or 0) + v)), TestingSink(out))
+        return flow
+
+
     try:
-        run(flow, spark=spark)
+        out = []
+        run(flow_of(TestingSource(ITEMS), out), spark=spark)
+        print("OUT", sorted(out))
+        streamed = []
+        chk = sys.argv[1]
+        run(flow_of(Endless(), streamed), spark=spark, checkpoint=chk, trigger="available_now", progress=False)
+        print("STREAMED", sorted(streamed))
     except WorkerEnvironmentError as e:
         print(f"ERROR {e}")
         sys.exit(3)
-    print("OUT", sorted(out))
     """
 )
 
@@ -54,7 +86,12 @@ def _run(tmp_path: Path, worker_python: str, pythonpath: str) -> subprocess.Comp
     env["PYSPARK_PYTHON"] = str(wrapper)
     env["PYTHONPATH"] = pythonpath
     return subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path
+        [sys.executable, str(script), str(tmp_path / "chk")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+        cwd=tmp_path,
     )
 
 
@@ -71,6 +108,8 @@ def test_flowspark_ships_itself_to_workers_that_lack_it(tmp_path):
     res = _run(tmp_path, sys.executable, os.pathsep.join(site.getsitepackages()))
     assert res.returncode == 0, res.stdout + res.stderr
     assert "OUT [('a', 1), ('a', 4), ('b', 2)]" in res.stdout
+    # A stream too: its tasks and its Python data source's reader run on those workers.
+    assert "STREAMED [('a', 1), ('a', 4), ('b', 2)]" in res.stdout
 
 
 def test_workers_without_pyarrow_get_one_line_saying_what_to_set(tmp_path):
