@@ -531,22 +531,29 @@ def _pick_steps(steps: list[str], want: Optional[str], checkpoint: str) -> list[
 def _cmd_state(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    if not Path(args.checkpoint, "flowspark.json").is_file():
+    local = "://" not in args.checkpoint and not args.checkpoint.startswith("file:")
+    if local and not Path(args.checkpoint, "flowspark.json").is_file():
+        # Checked before a Spark session starts (a URI is checked by read_state, through Spark).
         what = "does not exist" if not Path(args.checkpoint).exists() else "has no flowspark.json"
         msg = (
             f"{args.checkpoint!r} {what}, so it is not a flowspark streaming checkpoint; give the --checkpoint DIR "
             "of a `flowspark run` streaming run"
         )
         raise CliError(msg)
-    meta = json.loads(Path(args.checkpoint, "flowspark.json").read_text())
-    steps = list(meta.get("stateful_steps") or [])
-    picked = _pick_steps(steps, args.step, args.checkpoint)
+    if local:  # a bad --step is refused before a Spark session starts
+        _pick_steps(
+            json.loads(Path(args.checkpoint, "flowspark.json").read_text()).get("stateful_steps") or [],
+            args.step,
+            args.checkpoint,
+        )
     _need_pyspark("state")
     from flowspark.spark.session import open_session
     from flowspark.spark.tools import read_state
 
     spark = open_session(args.master, {"spark.sql.shuffle.partitions": "1"}, app_name="flowspark state")
     meta, table = read_state(spark, args.checkpoint, args.batch_id)
+    steps = list(meta.get("stateful_steps") or [])
+    picked = _pick_steps(steps, args.step, args.checkpoint)
     keys = sorted(table) if args.key is None else [k for k in (args.key,) if k in table]
     records = []
     for key in keys:

@@ -351,33 +351,35 @@ def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> t
     import pickle
 
     from flowspark.errors import FlowsparkError
+    from flowspark.spark.streaming.ckfs import files, is_local, join
 
-    meta_path = Path(checkpoint) / "flowspark.json"
-    if not Path(checkpoint).is_dir():
+    fs = files(checkpoint, spark)
+    if not fs.isdir(checkpoint):
         msg = f"checkpoint {checkpoint!r} is not a directory; give the --checkpoint DIR of a streaming run"
         raise FlowsparkError(msg)
-    if not meta_path.is_file():
+    meta_path = join(checkpoint, "flowspark.json")
+    if not fs.exists(meta_path):
         msg = (
             f"{checkpoint!r} is not a flowspark streaming checkpoint (no flowspark.json); give the --checkpoint "
             "DIR of a `flowspark run` streaming run"
         )
         raise FlowsparkError(msg)
-    meta = json.loads(meta_path.read_text())
+    meta = json.loads(fs.read_text(meta_path))
     if not meta.get("stateful_steps"):
         return meta, {}
-    query = Path(checkpoint) / "query"  # where flowspark.spark.streaming points Spark's checkpointLocation
-    commits = query / "commits"
-    if not commits.is_dir() or not any(p.name.isdigit() for p in commits.iterdir()):
+    # Where flowspark.spark.streaming points Spark's checkpointLocation.
+    query = str(Path(checkpoint, "query").resolve()) if is_local(checkpoint) else join(checkpoint, "query")
+    if not any(name.isdigit() for name in fs.listdir(join(query, "commits"))):
         msg = f"checkpoint {checkpoint!r} has no committed micro-batch yet, so no state to read"
         raise FlowsparkError(msg)
-    if not (query / "state").is_dir():
+    if not fs.isdir(join(query, "state")):
         return meta, {}
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
     if meta.get("state_layout") == "key":
-        return meta, _key_layout_state(reader, str(query.resolve()))
-    rows = reader.load(str(query.resolve())).select("value").collect()
+        return meta, _key_layout_state(reader, query)
+    rows = reader.load(query).select("value").collect()
     table: dict[str, Any] = {}
     for row in rows:
         blob = _first_binary(row["value"])

@@ -12,10 +12,10 @@ the changed query).
 from __future__ import annotations
 
 import json
-import os
-from typing import Optional
+from typing import Any, Optional
 
 from flowspark.errors import RecoveryError
+from flowspark.spark.streaming.ckfs import files, join
 
 __all__ = [
     "COUNTS_FILE",
@@ -44,11 +44,10 @@ def check_meta(checkpoint: str, flow_id: str, buckets: int, steps: list[str], ti
     sources and timeout mode must not change across restarts); one written before
     the choice was recorded ran with timers.
     """
-    path = os.path.join(checkpoint, META_FILE)
+    path = join(checkpoint, META_FILE)
     meta = {"flow_id": flow_id, "buckets": buckets, "stateful_steps": steps, "timers": timers, "version": 1}
-    if os.path.exists(path):
-        with open(path) as f:
-            old = json.load(f)
+    if files(checkpoint).exists(path):
+        old = _read(path)
         if old.get("flow_id") != flow_id or old.get("stateful_steps") != steps:
             msg = (
                 f"checkpoint {checkpoint!r} belongs to dataflow {old.get('flow_id')!r} with stateful steps "
@@ -71,7 +70,6 @@ def check_meta(checkpoint: str, flow_id: str, buckets: int, steps: list[str], ti
             )
             raise RecoveryError(msg)
         return bool(old_timers)
-    os.makedirs(checkpoint, exist_ok=True)
     _write(path, meta)
     return timers
 
@@ -91,13 +89,12 @@ def check_layout(checkpoint: str, layout: Optional[str], layouts: tuple[str, ...
     Raises:
         RecoveryError: The checkpoint was written with another layout than the one asked for.
     """
-    path = os.path.join(checkpoint, META_FILE)
-    with open(path) as f:
-        meta = json.load(f)
+    path = join(checkpoint, META_FILE)
+    meta = _read(path)
     recorded = meta.get("state_layout")
-    if recorded is None and os.path.exists(os.path.join(checkpoint, "query")):
+    if recorded is None and files(checkpoint).exists(join(checkpoint, "query")):
         recorded = layouts[0]  # a query ran before layouts were recorded: it used the bucket layout
-    if recorded is None or not os.path.exists(os.path.join(checkpoint, "query")):
+    if recorded is None or not files(checkpoint).exists(join(checkpoint, "query")):
         chosen = layout or layouts[0]
         meta["state_layout"] = chosen
         _write(path, meta)
@@ -127,10 +124,9 @@ def check_flag(checkpoint: str, name: str, wanted: bool) -> bool:
     Returns:
         The choice the query runs with.
     """
-    path = os.path.join(checkpoint, META_FILE)
-    with open(path) as f:
-        meta = json.load(f)
-    ran = os.path.exists(os.path.join(checkpoint, "query"))
+    path = join(checkpoint, META_FILE)
+    meta = _read(path)
+    ran = files(checkpoint).exists(join(checkpoint, "query"))
     if ran:
         return bool(meta.get(name, False))
     meta[name] = wanted
@@ -147,11 +143,10 @@ def pinned_schemas(checkpoint: str) -> dict[str, str]:
     Returns:
         The schemas (Spark's `StructType.json()`); empty when none was pinned.
     """
-    path = os.path.join(checkpoint, META_FILE)
-    if not os.path.exists(path):
+    path = join(checkpoint, META_FILE)
+    if not files(checkpoint).exists(path):
         return {}
-    with open(path) as f:
-        return dict(json.load(f).get("sink_schemas", {}))
+    return dict(_read(path).get("sink_schemas", {}))
 
 
 def pin_schema(checkpoint: str, step_id: str, schema_json: str) -> None:
@@ -162,9 +157,8 @@ def pin_schema(checkpoint: str, step_id: str, schema_json: str) -> None:
         step_id: The output step's id.
         schema_json: The schema (Spark's `StructType.json()`).
     """
-    path = os.path.join(checkpoint, META_FILE)
-    with open(path) as f:
-        meta = json.load(f)
+    path = join(checkpoint, META_FILE)
+    meta = _read(path)
     meta.setdefault("sink_schemas", {})[step_id] = schema_json
     _write(path, meta)
 
@@ -178,11 +172,10 @@ def load_counts(checkpoint: str) -> dict[str, tuple[int, int]]:
     Returns:
         The counts; empty when none were saved.
     """
-    path = os.path.join(checkpoint, COUNTS_FILE)
-    if not os.path.exists(path):
+    path = join(checkpoint, COUNTS_FILE)
+    if not files(checkpoint).exists(path):
         return {}
-    with open(path) as f:
-        return {k: (int(v[0]), int(v[1])) for k, v in json.load(f).items()}
+    return {k: (int(v[0]), int(v[1])) for k, v in _read(path).items()}
 
 
 def save_counts(checkpoint: str, counts: dict[str, tuple[int, int]]) -> None:
@@ -192,11 +185,12 @@ def save_counts(checkpoint: str, counts: dict[str, tuple[int, int]]) -> None:
         checkpoint: The checkpoint directory.
         counts: The counts.
     """
-    _write(os.path.join(checkpoint, COUNTS_FILE), dict(counts))
+    _write(join(checkpoint, COUNTS_FILE), dict(counts))
+
+
+def _read(path: str) -> Any:
+    return json.loads(files(path).read_text(path))
 
 
 def _write(path: str, meta: dict[str, object]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(meta, f)
-    os.replace(tmp, path)
+    files(path).write_text(path, json.dumps(meta))

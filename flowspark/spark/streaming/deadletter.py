@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 from flowspark.deadletter import DeadLetterDir
 from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.plan import DEAD_PORT
+from flowspark.spark.streaming.ckfs import files, join
 from flowspark.spark.streaming.routing import ROUTE
 
 __all__ = ["clear_uncommitted", "file_sink_written", "split_dead", "task_batch_id", "write_task_rows"]
@@ -121,8 +122,8 @@ def clear_uncommitted(
     Returns:
         The batch ids whose directories were deleted.
     """
-    commits = os.path.join(checkpoint, "query", "commits")
-    done = [int(f) for f in os.listdir(commits) if f.isdigit()] if os.path.isdir(commits) else []
+    commits = join(checkpoint, "query", "commits")
+    done = [int(f) for f in files(commits).listdir(commits) if f.isdigit()]
     last = max(done, default=-1)
     gone: list[int] = []
     if not os.path.isdir(sink.path):
@@ -145,9 +146,10 @@ def file_sink_written(path: str) -> Callable[[int], bool]:
     Returns:
         `written(batch_id) -> bool`.
     """
-    log = os.path.join(path, "_spark_metadata")
+    log = join(path, "_spark_metadata")
+    fs = files(log)
 
     def written(n: int) -> bool:
-        return os.path.exists(os.path.join(log, str(n))) or os.path.exists(os.path.join(log, f"{n}.compact"))
+        return bool(fs.exists(join(log, str(n))) or fs.exists(join(log, f"{n}.compact")))
 
     return written

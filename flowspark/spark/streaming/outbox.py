@@ -26,12 +26,11 @@ volume mounted on both sides), as for the rest of flowspark's checkpoint metadat
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+from flowspark.spark.streaming.ckfs import files, join
 from flowspark.spark.streaming.deadletter import task_batch_id
 
 __all__ = ["OUTBOX_SCHEMA", "Outbox", "stamp_batch"]
@@ -62,22 +61,22 @@ class Outbox:
 
     def __init__(self, spark: Any, checkpoint: str) -> None:
         self.spark = spark
-        self.path = os.path.join(checkpoint, "outbox")
-        self.marker = os.path.join(checkpoint, "outbox-delivered.json")
+        self.path = join(checkpoint, "outbox")
+        self.marker = join(checkpoint, "outbox-delivered.json")
+        #: The checkpoint's file calls (`ckfs`: a Connect client's checkpoint is a path it can open).
+        self.fs = files(checkpoint)
         #: Held while batches are handed over (the listener's thread and the run's thread both deliver).
         self.lock = threading.RLock()
 
     def exists(self) -> bool:
         """Whether a query ever committed to this outbox."""
-        return os.path.isdir(os.path.join(self.path, "_spark_metadata"))
+        return bool(self.fs.isdir(join(self.path, "_spark_metadata")))
 
     def delivered(self) -> int:
         """The id of the last micro-batch handed over (-1: none)."""
-        try:
-            with open(self.marker) as f:
-                return int(json.load(f)["batch"])
-        except FileNotFoundError:
+        if not self.fs.exists(self.marker):
             return -1
+        return int(json.loads(self.fs.read_text(self.marker))["batch"])
 
     def writer(self, rows: Any) -> Any:
         """The `DataStreamWriter` of the query's outbox rows (`(st, p, seq, v)` rows in)."""
@@ -105,8 +104,5 @@ class Outbox:
 
     def done(self, batch_id: int) -> None:
         """Record that micro-batch `batch_id` was handed over; delete its folder."""
-        tmp = self.marker + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"batch": batch_id}, f)
-        os.replace(tmp, self.marker)
-        shutil.rmtree(os.path.join(self.path, f"b={batch_id}"), ignore_errors=True)
+        self.fs.write_text(self.marker, json.dumps({"batch": batch_id}))
+        self.fs.rmtree(join(self.path, f"b={batch_id}"))

@@ -46,6 +46,7 @@ from flowspark.spark.streaming.checkpoint import (
     pinned_schemas,
     save_counts,
 )
+from flowspark.spark.streaming.ckfs import check_reachable, is_local
 from flowspark.spark.streaming.deadletter import (
     clear_uncommitted,
     file_sink_written,
@@ -1123,16 +1124,27 @@ def run_streaming(
     from flowspark.spark.session import ensure_workers, ship_user_modules, streaming_carry
 
     dead_sink = dead_letter_arg("flowspark.spark.run", dead_letter)
+    if isinstance(dead_sink, DeadLetterDir) and not is_local(dead_sink.path):
+        msg = (
+            f"flowspark.spark.run: a stream's DeadLetterDir is written by Python in the tasks, which open local "
+            f"paths only; received {dead_sink.path!r}; give a directory every node has mounted, or a "
+            "SparkSink (Spark writes it, any file system) as dead_letter"
+        )
+        raise FlowsparkTypeError(msg)
     ship_user_modules()
     plan = compile_streaming(flow).with_dead_letter(dead_sink)
     steps = [ks.step_id for ks in plan.keyed_steps()]
+    from flowspark.spark.session import get_session
+
+    if spark is None and not is_local(checkpoint):
+        spark = get_session()  # its Hadoop file systems open the checkpoint
+    if spark is not None:
+        check_reachable(spark, checkpoint)
     timers = check_meta(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan))
     layout = check_layout(checkpoint, state_layout, LAYOUTS)
     if explain:
         print(plan.render(Lowering(plan, buckets, timers, layout).stage))
     if spark is None:
-        from flowspark.spark.session import get_session
-
         spark = get_session()
     ensure_workers(spark)
     carry = streaming_carry(spark)
