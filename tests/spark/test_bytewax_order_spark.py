@@ -23,28 +23,11 @@ pytestmark = [pytest.mark.bytewax, pytest.mark.spark]
 
 bytewax = pytest.importorskip("bytewax")
 
+from bytewax_pair import lib as names  # noqa: E402
+
 ITEMS = ["b1", "a1", "c1", "b2", "a2", "b3", "a3", "c2", "c3", "a4", "d1", "b4"]
 
 
-def _lib(name: str) -> dict[str, Any]:
-    if name == "bytewax":
-        import bytewax.operators as op
-        from bytewax.connectors.files import DirSource, FileSource
-        from bytewax.dataflow import Dataflow
-        from bytewax.testing import TestingSink, TestingSource
-    else:
-        import flowspark.operators as op
-        from flowspark.dataflow import Dataflow
-        from flowspark.inputs import DirSource, FileSource
-        from flowspark.testing import TestingSink, TestingSource
-    return {
-        "op": op,
-        "Dataflow": Dataflow,
-        "DirSource": DirSource,
-        "FileSource": FileSource,
-        "Sink": TestingSink,
-        "Source": TestingSource,
-    }
 
 
 def _both(spark: Any, build: Callable[..., Any], sinks: int = 1) -> tuple[list[Any], list[Any]]:
@@ -54,9 +37,9 @@ def _both(spark: Any, build: Callable[..., Any], sinks: int = 1) -> tuple[list[A
     from flowspark.spark import run
 
     want: list[Any] = [[] for _ in range(sinks)]
-    run_main(build(_lib("bytewax"), *want))
+    run_main(build(names("bytewax"), *want))
     got: list[Any] = [[] for _ in range(sinks)]
-    run(build(_lib("flowspark"), *got), spark=spark)
+    run(build(names("flowspark"), *got), spark=spark)
     return (want[0], got[0]) if sinks == 1 else (want, got)
 
 

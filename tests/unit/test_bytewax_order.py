@@ -19,39 +19,18 @@ pytestmark = pytest.mark.bytewax
 
 bytewax = pytest.importorskip("bytewax")
 
+from bytewax_pair import lib as names  # noqa: E402
+
 T0 = datetime(2000, 1, 1, tzinfo=timezone.utc)
 ITEMS = ["b1", "a1", "c1", "b2", "a2", "b3", "a3", "c2", "c3", "a4", "d1", "b4"]
 
 
-def _lib(name: str) -> dict[str, Any]:
-    if name == "bytewax":
-        import bytewax.operators as op
-        from bytewax.connectors.files import FileSource
-        from bytewax.dataflow import Dataflow
-        from bytewax.operators import StatefulBatchLogic, StatefulLogic
-        from bytewax.testing import TestingSink, TestingSource, run_main
-    else:
-        import flowspark.operators as op
-        from flowspark.dataflow import Dataflow
-        from flowspark.inputs import FileSource
-        from flowspark.operators import StatefulBatchLogic, StatefulLogic
-        from flowspark.testing import TestingSink, TestingSource, run_main
-    return {
-        "op": op,
-        "Dataflow": Dataflow,
-        "FileSource": FileSource,
-        "StatefulBatchLogic": StatefulBatchLogic,
-        "StatefulLogic": StatefulLogic,
-        "TestingSink": TestingSink,
-        "TestingSource": TestingSource,
-        "run_main": run_main,
-    }
 
 
 def _both(build: Callable[[dict[str, Any], list[Any]], Any]) -> tuple[list[Any], list[Any]]:
     outs = []
     for name in ("bytewax", "flowspark"):
-        lib = _lib(name)
+        lib = names(name)
         out: list[Any] = []
         lib["run_main"](build(lib, out))
         outs.append(out)
