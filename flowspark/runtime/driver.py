@@ -385,6 +385,8 @@ class StepDriver:
         out: list[Any],
         touched: dict[str, None],
         out_ends: Optional[list[int]] = None,
+        *,
+        now: Optional[datetime] = None,
     ) -> None:
         """Feed the items of one or more activations in Bytewax's order.
 
@@ -399,6 +401,8 @@ class StepDriver:
             out: Receives `(key, emit)` items.
             touched: Receives every key seen.
             out_ends: If given, receives the end offset in `out` of each activation's emits.
+            now: Fixed time (`run_main(clock="fixed")`, the Spark batch timeline): each
+                key's values of an activation go through `drive` at `now` instead.
         """
         n = len(items)
         start = 0
@@ -410,8 +414,8 @@ class StepDriver:
                     seg = sorted(seg, key=_KEY_OF)  # stable: each key's values keep their order
                 except Exception:  # noqa: BLE001,S110
                     pass  # a malformed item: `feed_runs` reports it where it arrived
-            self.feed_runs(logics, seg, out, touched)
-            if out_ends is not None and (not out_ends or out_ends[-1] != len(out)):
+            self.feed_runs(logics, seg, out, touched, now=now)
+            if out_ends is not None and len(out) != (out_ends[-1] if out_ends else 0):
                 out_ends.append(len(out))
 
     def feed_runs(
@@ -423,6 +427,7 @@ class StepDriver:
         out_ends: Optional[list[int]] = None,
         *,
         singles: bool = False,
+        now: Optional[datetime] = None,
     ) -> None:
         """Feed `(key, value)` items: each run of consecutive items of one key is one `on_batch`.
 
@@ -435,6 +440,8 @@ class StepDriver:
             out_ends: If given, receives the end offset in `out` of each run's emits
                 (when it emitted something).
             singles: Each item is an activation of its own: one `on_batch` per item.
+            now: Fixed time: each run goes through `drive` at `now` (due notifications
+                fire between its values) instead of one `on_batch`.
         """
         append = out.append
         builder_for = self.build
@@ -454,10 +461,18 @@ class StepDriver:
                     break
             values = [kv[1]] if j == i + 1 else [items[m][1] for m in range(i, j)]
             i = j
+            touched[key] = None
+            if now is not None:
+                tagged, live = self.drive(key, [(b"", v) for v in values], logics.get(key), now, False)
+                out.extend([(key, w) for _tag, w in tagged])
+                if live is None:
+                    logics.pop(key, None)
+                else:
+                    logics[key] = live
+                continue
             logic = logics.get(key)
             if logic is None:
                 logic = logics[key] = builder_for(key)
-            touched[key] = None
             try:
                 res: Any = logic.on_batch(values)
             except Exception as e:

@@ -647,30 +647,9 @@ class _StatefulRt(_Rt):
         # sort), its due notifications fire, then its on_eof.
         now = self.fixed_now
         assert now is not None
-        driver = self.driver
         logics = self.logics
-        for seg in _segments(items, bounds):
-            if len(seg) > 1:
-                try:
-                    seg = sorted(seg, key=_first)  # stable: each key's values keep their order
-                except Exception:  # noqa: BLE001,S110
-                    pass  # a malformed item: reported below where it arrived
-            n = len(seg)
-            i = 0
-            while i < n:
-                kv = seg[i]
-                if type(kv) is not tuple or len(kv) != 2 or type(kv[0]) is not str:
-                    driver.check_item(kv)
-                key = kv[0]
-                j = i + 1
-                while j < n and type(seg[j]) is tuple and len(seg[j]) == 2 and seg[j][0] == key:
-                    j += 1
-                run = [(_NO_TAG, seg[m][1]) for m in range(i, j)]
-                i = j
-                touched[key] = None
-                self._drive_fixed(key, run, now, False, out)
-            if out_ends is not None and len(out) != (out_ends[-1] if out_ends else 0):
-                out_ends.append(len(out))
+        ends = None if bounds is None else list(range(1, len(items) + 1)) if bounds is _SINGLES else bounds
+        self.driver.feed_grouped(logics, items, ends, out, touched, out_ends, now=now)
         if not self.eof_done and ex.is_eof(self.up):
             self.eof_done = True
             for key in sorted(logics):
