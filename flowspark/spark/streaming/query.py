@@ -998,6 +998,10 @@ def _make_listener(spark: Any, on_progress: Callable[[dict[str, Any]], None], na
     from pyspark.sql.streaming import StreamingQueryListener
 
     class L(StreamingQueryListener):
+        def __init__(self) -> None:
+            self.ended = threading.Condition()
+            self.ended_runs: set[str] = set()  # run ids whose termination was delivered
+
         def onQueryStarted(self, event: Any) -> None:  # noqa: N802
             pass
 
@@ -1010,11 +1014,32 @@ def _make_listener(spark: Any, on_progress: Callable[[dict[str, Any]], None], na
             pass
 
         def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
-            pass
+            with self.ended:
+                self.ended_runs.add(str(event.runId))
+                self.ended.notify_all()
 
     lst = L()
     spark.streams.addListener(lst)
     return lst
+
+
+def _remove_listeners(spark: Any, query: Any, ours: Any, theirs: Any) -> None:
+    """Remove this run's listeners; on Spark Connect only once the query's end was delivered.
+
+    pyspark's Connect client can deadlock in `removeListener` (Spark 4.3, seen after a
+    query failed): removing the last listener holds the listener bus's lock while it
+    joins the event thread, which waits for that lock to post an event still in flight
+    (the query's termination). So the removal waits (10 s at most) until that event has
+    reached `ours`; after it no event of this query can come.
+    """
+    if theirs is not None:
+        spark.streams.removeListener(theirs)  # not the last listener: no join
+    if query is not None and is_connect(spark):
+        deadline = time.monotonic() + 10.0
+        with ours.ended:
+            while str(query.runId) not in ours.ended_runs and time.monotonic() < deadline:
+                ours.ended.wait(0.05)
+    spark.streams.removeListener(ours)
 
 
 def _stop_between_batches(query: Any, timeout: float = 60.0) -> None:
@@ -1173,6 +1198,7 @@ def run_streaming(
     spark_listener = _make_listener(spark, lst.progress, f"flowspark_{plan.flow_id}")
     if listener is not None:
         spark.streams.addListener(listener)
+    query = None
     try:
         query = sr.start(trigger)
         lst.started()
@@ -1181,9 +1207,7 @@ def run_streaming(
         if sr.connect:
             sr.deliver()  # the micro-batches committed since the last progress event
     finally:
-        spark.streams.removeListener(spark_listener)
-        if listener is not None:
-            spark.streams.removeListener(listener)
+        _remove_listeners(spark, query, spark_listener, listener)
         sr.close_sinks()
     return sr
 
