@@ -531,7 +531,9 @@ def _pick_steps(steps: list[str], want: Optional[str], checkpoint: str) -> list[
 def _cmd_state(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    local = "://" not in args.checkpoint and not args.checkpoint.startswith("file:")
+    from flowspark._paths import is_local
+
+    local = is_local(args.checkpoint) and not args.checkpoint.startswith("file:")  # Path() cannot open file: URIs
     if local and not Path(args.checkpoint, "flowspark.json").is_file():
         # Checked before a Spark session starts (a URI is checked by read_state, through Spark).
         what = "does not exist" if not Path(args.checkpoint).exists() else "has no flowspark.json"

@@ -18,6 +18,7 @@ import uuid
 from typing import Any, Optional
 from urllib.parse import urlparse
 
+from flowspark._paths import is_local as _is_local
 from flowspark.errors import FlowsparkTypeError
 
 __all__ = ["check_reachable", "files", "is_local", "join"]
@@ -33,7 +34,7 @@ def is_local(path: str) -> bool:
         >>> is_local("/data/chk"), is_local("file:///data/chk"), is_local("s3a://bucket/chk")
         (True, True, False)
     """
-    return urlparse(path).scheme in _LOCAL_SCHEMES or (len(path) > 1 and path[1] == ":")  # C:\\... on Windows
+    return _is_local(path, _LOCAL_SCHEMES)
 
 
 def _local(path: str) -> str:
