@@ -169,6 +169,8 @@ class _Job:
         #: With a dead letter: `(seq, v)` DataFrames of the items native sinks refused, and the writer.
         self.misfits: list[Any] = []
         self.dead: Any = None
+        #: The keyed stages Spark keys itself (`column_keys`).
+        self.keyed_by_spark: set[int] = set()
 
     # -- building DataFrames ------------------------------------------------
     def uses(self) -> dict[int, int]:
@@ -184,8 +186,30 @@ class _Job:
             n[s] = n.get(s, 0) + 1  # the dead letter's read
         for sk in self.plan.sinks:
             if sk.where != "driver":
-                n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if sk.where == "native" and sk.sink.schema is None else 1)
+                infer = sk.where == "native" and sk.sink.schema is None and not self.samples_ahead(sk)
+                n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if infer else 1)
         return n
+
+    def samples_ahead(self, sk: SinkPlan) -> bool:
+        """Whether a `SparkSink` without a schema gets it from a sampling job, then one fused pass.
+
+        The sampling job runs the stage over its input until the sink's port gave 100
+        items in each partition (the first 100 of them in partition order are the same
+        items the persisted output would give). It is cheap and reads the same input twice
+        when the stage reads a native source or driver-built chunks, or is a keyed stage
+        Spark keys itself (`ColumnKey`: a native read and shuffle). A stage fed by another
+        Python stage would run that stage twice, and a Python source's partitions would be
+        opened twice: those (and a run with a dead letter) persist the stage's output and
+        convert it in a second pass.
+        """
+        if sk.where != "native" or sk.sink.schema is not None or not sk.only_reader:
+            return False
+        if self.plan.dead_letter is not None:
+            return False
+        st = self.plan.stages[sk.port[0]]
+        if st.kind == "source":
+            return st.spec.source in ("native", "chunks")
+        return st.spec.stage_id in self.keyed_by_spark
 
     def column_keys(self) -> dict[int, Any]:
         """The keyed stages Spark keys itself (`ColumnKey`), each with its source DataFrame."""
@@ -217,8 +241,9 @@ class _Job:
     def build(self) -> None:
         from pyspark import StorageLevel
 
-        uses = self.uses()
         column_keys = self.column_keys()
+        self.keyed_by_spark = set(column_keys)
+        uses = self.uses()
         skipped = {self.plan.stages[s].spec.column_key.source_stage for s in column_keys}  # type: ignore[union-attr]
         for st in self.plan.stages:
             sid = st.spec.stage_id
@@ -385,8 +410,13 @@ class _Job:
         df = self.port_df(*sk.port)
         schema = sk.sink.schema
         dead_letter = self.plan.dead_letter is not None
-        fused = sk.only_reader and schema is not None and not dead_letter
-        if schema is None:
+        fused = sk.only_reader and not dead_letter and (schema is not None or self.samples_ahead(sk))
+        if schema is None and fused:
+            sample = self.sample(sk, 100)
+            if not sample:
+                return
+            schema = infer_schema(self.spark, sk.step_id, sample)
+        elif schema is None:
             # Inferred from the first 100 items of the stage's output, which is persisted
             # and materialized first (`uses`): stopping a Python stage after 100 items
             # would leave a broken-pipe trace from its worker on the console.
@@ -414,6 +444,27 @@ class _Job:
             if dead_letter:
                 self.misfits.append(df.mapInArrow(_misfits(sk.step_id, arrow_schema), "seq binary, v binary"))
         write_rows(sk.step_id, sk.sink, rows)
+
+    def schema_route(self, sk: SinkPlan) -> str:
+        """How a `SparkSink` without a schema gets one (for `explain` and the log)."""
+        if self.samples_ahead(sk):
+            return "schema inferred from the first 100 items of a sampling job, then one pass writes the rows"
+        return (
+            f"schema inferred from the first 100 items of stage {sk.port[0]}'s persisted output, "
+            "then a second pass converts the rows"
+        )
+
+    def sample(self, sk: SinkPlan, n: int) -> list[Any]:
+        """The first `n` items of a sink's port, in partition order, from a job that stops early.
+
+        Each partition's task stops once the port gave `n` items, and stops cleanly: a job
+        cut short by `limit` leaves a broken-pipe trace from its Python worker on the console.
+        """
+        stage, port = sk.port
+        inp, column_key = self.inputs[stage]
+        fn = stage_function(self.plan.stages[stage].spec, self.now, column_key=column_key, sample=(port, n))
+        rows = _action(lambda: inp.mapInArrow(fn, "v binary").collect())
+        return [loads(r.v) for r in rows[:n]]
 
     def collect_driver(self) -> None:
         import pyarrow as pa
@@ -746,6 +797,12 @@ def run_plan(
                 _log.info("stage %d: %s", stage, how)
                 if explain:
                     print(f"stage {stage}: {how}")
+            for sk in plan.sinks:
+                if sk.where == "native" and sk.sink.schema is None:
+                    how = job.schema_route(sk)
+                    _log.info("sink %s: %s", sk.step_id, how)
+                    if explain:
+                        print(f"sink {sk.step_id}: {how}")
             job.run_sinks()
     finally:
         job.close()

@@ -28,8 +28,6 @@ from bytewax_pair import lib as names  # noqa: E402
 ITEMS = ["b1", "a1", "c1", "b2", "a2", "b3", "a3", "c2", "c3", "a4", "d1", "b4"]
 
 
-
-
 def _both(spark: Any, build: Callable[..., Any], sinks: int = 1) -> tuple[list[Any], list[Any]]:
     """Each sink's list on bytewax (`want`) and on Spark batch (`got`); one list per sink when `sinks` > 1."""
     from bytewax.testing import run_main

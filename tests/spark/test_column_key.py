@@ -200,3 +200,43 @@ def test_both_lowerings_agree(spark, rows, parts, tail):
     assert results[0][0] == ("error" if bad else "ok")
     if bad:
         assert results[0][3], "the error names one of the rows with a null key"
+
+
+@pytest.mark.parametrize("first_key_rows", [99, 100])
+def test_a_sink_without_schema_infers_it_from_the_first_100_items_on_both_lowerings(
+    spark, tmp_path, capsys, first_key_rows
+):
+    # Key "a" sorts first in the only partition; its items have x = None. With 99 of them the
+    # first 100 items include one of key "b" (x a long): Spark infers the schema. With 100,
+    # Spark cannot type x and the run asks for a schema. The Spark-keyed stage samples with
+    # a job that stops early (no persisted output); the Python pass samples the persisted
+    # output: both must agree.
+    rows = [("a", None)] * first_key_rows + [("b", i) for i in range(50)]
+    spark.createDataFrame(rows, "user string, v long").coalesce(1).write.parquet(str(tmp_path / "in"))
+
+    def job(key: Any, where: str) -> Dataflow:
+        flow = Dataflow("job")
+        k = op.key_on("key", op.input("inp", flow, SparkSource("parquet", str(tmp_path / "in"))), key)
+        c = op.stateful_map("same", k, lambda s, r: (s, r))
+        op.output("out", op.map("row", c, lambda kv: {"user": kv[0], "x": kv[1]["v"]}), SparkSink("parquet", where))
+        return flow
+
+    outcomes = []
+    for key, where in ((recognised, "a"), (not_recognised, "b")):
+        path = str(tmp_path / where)
+        try:
+            run(job(key, path), spark=spark, partitions=1, explain=True)
+        except FlowsparkRuntimeError as e:
+            outcomes.append(str(e))
+        else:
+            df = spark.read.parquet(path)
+            outcomes.append((df.schema.simpleString(), sorted(df.collect())))
+    assert outcomes[0] == outcomes[1]
+    printed = capsys.readouterr().out
+    assert "sink job.out: schema inferred from the first 100 items of a sampling job, then one pass" in printed
+    assert "sink job.out: schema inferred from the first 100 items of stage 1's persisted output" in printed
+    if first_key_rows == 99:
+        assert outcomes[0][0] == "struct<user:string,x:bigint>"
+        assert len(outcomes[0][1]) == 149
+    else:
+        assert outcomes[0].startswith("error in step 'job.out': cannot infer the rows' schema")

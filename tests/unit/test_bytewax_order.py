@@ -25,8 +25,6 @@ T0 = datetime(2000, 1, 1, tzinfo=timezone.utc)
 ITEMS = ["b1", "a1", "c1", "b2", "a2", "b3", "a3", "c2", "c3", "a4", "d1", "b4"]
 
 
-
-
 def _both(build: Callable[[dict[str, Any], list[Any]], Any]) -> tuple[list[Any], list[Any]]:
     outs = []
     for name in ("bytewax", "flowspark"):
