@@ -27,6 +27,7 @@ from flowspark.runtime.driver import NOT_FOUND, bad_item_error, drive_chain, fai
 from flowspark.spark.codec import (
     apply_pad,
     dumps,
+    dumps_all,
     encode_task_error,
     loads,
     loads_all,
@@ -325,10 +326,10 @@ def _port_rows(
         if port.key_for is not None:
             ks = _checked_keys(port.key_for, xs)
             out_k.extend(ks)
-            out_v.extend(map(dumps, map(_second, xs) if port.value_only else xs))
+            out_v.extend(dumps_all(list(map(_second, xs)) if port.value_only else xs))
         else:
             out_k.extend([None] * n)
-            out_v.extend(map(dumps, xs))
+            out_v.extend(dumps_all(xs))
 
 
 def not_dict_error(step_id: str, x: Any) -> FlowsparkTypeError:
