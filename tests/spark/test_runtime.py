@@ -161,6 +161,38 @@ def test_chain_of_steps_and_sorted_rows():
     assert isinstance(ei.value.__cause__, TypeError)
 
 
+class Burst(StatefulLogic):
+    """Emits `value` copies of its running count per value (more emits than values, or none)."""
+
+    def __init__(self, state):
+        self.n = state or 0
+
+    def on_item(self, value):
+        self.n += 1
+        return [self.n] * (value if isinstance(value, int) else 1), self.RETAIN
+
+    def snapshot(self):
+        return self.n
+
+
+@pytest.mark.parametrize("cls", [Sum, Burst, Timer])
+def test_untagged_drive_gives_the_same_emits_in_the_same_order(cls):
+    # `tags=False` (a stage writing a sink's rows) leaves the values' emits untagged; the
+    # emits and the logics left must be those of the tagged drive.
+    steps = (KeyedStep("f.a", stateful_builder(cls)), KeyedStep("f.b", stateful_builder(Burst), level=2))
+    values = [T0 - timedelta(seconds=1), None, T0] if cls is Timer else [2, 0, 3, 1]
+    steps = steps[:1] if cls is Timer else steps
+    items = list(zip(seqs(len(values)), values, strict=True))
+    for eof in (True, False):
+        drivers = tuple(s.driver() for s in steps)
+        tagged, logics = drive_chain(drivers, "k", items, now=T0, eof=eof)
+        untagged, logics2 = drive_chain(drivers, "k", items, now=T0, eof=eof, tags=False)
+        assert [v for _, v in untagged] == [v for _, v in tagged]
+        assert [lg.snapshot() if lg else None for lg in logics2] == [lg.snapshot() if lg else None for lg in logics]
+        if cls is not Timer and not eof:  # a logic with notifications keeps the tagged path
+            assert {t for t, _ in untagged} == {b""}
+
+
 def test_end_of_key_emits_sort_after_the_key_values_and_by_key():
     step = KeyedStep("f.st", stateful_builder(Sum))
     a, _ = drive_key("a", [(source_seq(0, 0, 5), 1), (source_seq(0, 0, 7), 1)], (step,), now=T0)

@@ -385,7 +385,14 @@ class BucketDriver:
             snaps = ent[0] if ent else None
             fed: list[bool] = []
             emits, logics = drive_chain(
-                self.drivers, key, items, self._logics(key, snaps, now), now=now, eof=False, fed=fed
+                self.drivers,
+                key,
+                items,
+                self._logics(key, snaps, now),
+                now=now,
+                eof=False,
+                fed=fed,
+                tags=self.sink_rows is None,  # a sink's rows are written in any order
             )
             out.extend([(s, (key, w)) for s, w in emits])
             self._store(table, key, logics, self._times(snaps, now, fed))
