@@ -165,9 +165,16 @@ def _per_key_count(key: tuple, pdfs: Any, state: Any) -> Any:
 def _bucket_count(bucket: tuple, pdfs: Any, state: Any) -> Any:
     import pickle
 
+    counts = pickle.loads(state.get[0]) if state.exists else {}
+    out = count_frames(counts, pdfs)
+    state.update((pickle.dumps(counts),))
+    yield out
+
+
+def count_frames(counts: dict[str, int], pdfs: Any) -> Any:
+    """The hand-written bucket's dict loop: update `counts` from the frames' keys; `(key, n)` rows."""
     import pandas as pd
 
-    counts = pickle.loads(state.get[0]) if state.exists else {}
     ks: list[str] = []
     ns: list[int] = []
     for pdf in pdfs:
@@ -176,8 +183,7 @@ def _bucket_count(bucket: tuple, pdfs: Any, state: Any) -> Any:
             counts[k] = n
             ks.append(k)
             ns.append(n)
-    state.update((pickle.dumps(counts),))
-    yield pd.DataFrame({"key": ks, "n": ns})
+    return pd.DataFrame({"key": ks, "n": ns})
 
 
 def run_hand_written(
@@ -197,6 +203,11 @@ def run_hand_written(
         q = df.groupBy("key").applyInPandasWithState(
             _per_key_count, "key string, n long", "n long", "append", "NoTimeout"
         )
+    return time_to_parquet(q, work)
+
+
+def time_to_parquet(q: Any, work: str) -> float:
+    """Seconds to run streaming DataFrame `q` into parquet under `work` (`availableNow`)."""
     t0 = time.perf_counter()
     query = (
         q.writeStream.format("parquet")

@@ -23,7 +23,6 @@ import pickle
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,19 +56,12 @@ def _processors() -> tuple[type, type]:
             self.state = handle.getValueState("blob", "blob binary")
 
         def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:  # noqa: N802,N803
-            import pandas as pd
+            from spark_streaming import count_frames
 
             counts = pickle.loads(self.state.get()[0]) if self.state.exists() else {}
-            ks: list[str] = []
-            ns: list[int] = []
-            for pdf in rows:
-                for k in pdf["key"].tolist():
-                    n = counts.get(k, 0) + 1
-                    counts[k] = n
-                    ks.append(k)
-                    ns.append(n)
+            out = count_frames(counts, rows)
             self.state.update((pickle.dumps(counts),))
-            yield pd.DataFrame({"key": ks, "n": ns})
+            yield out
 
         def close(self) -> None:
             pass
@@ -78,22 +70,13 @@ def _processors() -> tuple[type, type]:
 
 
 def run_transform(spark: Any, parquet: str, work: str, processor: Any, pandas: bool) -> float:
+    import spark_streaming as ss
     from pyspark.sql import functions as F  # noqa: N812,TID251
 
     df = spark.readStream.schema("key STRING").option("maxFilesPerTrigger", 1).parquet(parquet)
     grouped = df.withColumn("bucket", F.pmod(F.hash("key"), F.lit(64))).groupBy("bucket")
     api = grouped.transformWithStateInPandas if pandas else grouped.transformWithState
-    q = api(processor, "key string, n long", "Append", "None")
-    t0 = time.perf_counter()
-    query = (
-        q.writeStream.format("parquet")
-        .option("path", f"{work}/out")
-        .option("checkpointLocation", f"{work}/chk")
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    return time.perf_counter() - t0
+    return ss.time_to_parquet(api(processor, "key string, n long", "Append", "None"), work)
 
 
 def main() -> None:
