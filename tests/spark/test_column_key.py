@@ -240,3 +240,34 @@ def test_a_sink_without_schema_infers_it_from_the_first_100_items_on_both_loweri
         assert len(outcomes[0][1]) == 149
     else:
         assert outcomes[0].startswith("error in step 'job.out': cannot infer the rows' schema")
+
+
+def test_the_first_keys_sample_reads_partition_0_as_the_stage_does(spark, tmp_path):
+    # 200 keys of 3 rows each, x = None, except key z, the 10th key Spark puts in partition 0
+    # of 3: only partition 0's first keys, in sorted order, give its 3 longs to the first 100
+    # items, so inferring the schema succeeds only if the sample reads what partition 0 runs.
+    from pyspark.sql import functions as F  # noqa: N812,TID251
+
+    keys = [f"k{i:03d}" for i in range(200)]
+    part = spark.createDataFrame([(k,) for k in keys], "user string").select(
+        "user", F.pmod(F.hash("user"), F.lit(3)).alias("p")
+    )
+    z = sorted(r.user for r in part.collect() if r.p == 0)[9]
+    rows = [(k, 7 if k == z else None) for k in keys for _ in range(3)]
+    spark.createDataFrame(rows, "user string, v long").repartition(4).write.parquet(str(tmp_path / "in"))
+
+    def job(key: Any, where: str) -> Dataflow:
+        flow = Dataflow("job")
+        k = op.key_on("key", op.input("inp", flow, SparkSource("parquet", str(tmp_path / "in"))), key)
+        c = op.stateful_map("same", k, lambda s, r: (s, r))
+        op.output("out", op.map("row", c, lambda kv: {"user": kv[0], "x": kv[1]["v"]}), SparkSink("parquet", where))
+        return flow
+
+    got = []
+    for key, where in ((recognised, "a"), (not_recognised, "b")):
+        run(job(key, str(tmp_path / where)), spark=spark, partitions=3)
+        df = spark.read.parquet(str(tmp_path / where))
+        got.append((df.schema.simpleString(), sorted(df.collect())))
+    assert got[0] == got[1]
+    assert got[0][0] == "struct<user:string,x:bigint>"
+    assert len(got[0][1]) == 600
