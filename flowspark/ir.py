@@ -177,6 +177,11 @@ class StatefulBatch:
     (`notify_at`). False is a promise, set by the operator that built the step
     (`stateful_map`, `fold_final`, `join`, a logic class keeping the default
     `notify_at`...); a runtime may then run the step without timers.
+
+    `eof_only`: whether the step's logics emit only from `on_eof` (nothing for a value,
+    no notification). True is a promise, set by `fold_final` (and the operators built
+    on it); a runtime then need not order the values it gets (the Spark runtimes skip
+    their tags: `flowspark.runtime.driver.drive_chain`).
     """
 
     step_id: str
@@ -184,6 +189,7 @@ class StatefulBatch:
     builder: Callable[[Any], Any]
     down: str
     notifies: bool = True
+    eof_only: bool = False
 
     @property
     def ups(self) -> tuple[str, ...]:

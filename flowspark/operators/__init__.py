@@ -1291,7 +1291,7 @@ def fold_final(
     def shim_builder(resume_state: Optional[S]) -> _FoldFinalLogic[V, S]:
         return _FoldFinalLogic(builder, folder, resume_state)
 
-    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False)
+    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False, eof_only=True)
 
 
 class _ReduceFinalLogic(StatefulBatchLogic[V, V, tuple[V]]):

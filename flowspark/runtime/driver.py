@@ -192,14 +192,17 @@ class StepDriver:
             chain (the next step has the same key) and before partitioned sinks.
     """
 
-    __slots__ = ("builder", "level", "regroup", "step_id")
+    __slots__ = ("builder", "eof_only", "level", "regroup", "step_id")
 
-    def __init__(self, step_id: str, builder: Callable[[Any], Any], level: int = 1, regroup: bool = True) -> None:
-        """Describe the step."""
+    def __init__(
+        self, step_id: str, builder: Callable[[Any], Any], level: int = 1, regroup: bool = True, eof_only: bool = False
+    ) -> None:
+        """Describe the step (`eof_only`: the IR's promise that its logics emit only from `on_eof`)."""
         self.step_id = step_id
         self.builder = builder
         self.level = level
         self.regroup = regroup
+        self.eof_only = eof_only
 
     # -- one hook at a time ----------------------------------------------------
     def fail(self, key: Optional[str], error: BaseException) -> FlowsparkRuntimeError:
@@ -619,6 +622,8 @@ def drive_chain(
         fed: When given, gets one entry per step: whether the step got values (the
             state TTL counts from a step's last value).
         tags: `False` when the caller reads no tags of the emits (see `StepDriver.drive`).
+            A step followed by one that emits only at EOF (`StepDriver.eof_only`) gets
+            `False` too: nobody reads its emits' tags.
 
     Returns:
         `(emits, logics)`: the last step's emits as `(tag, value)` pairs in order
@@ -630,10 +635,14 @@ def drive_chain(
     """
     cur = logics if logics is not None else [None] * len(drivers)
     new: list[Any] = []
+    # A step's emits need tags when the next step reads them: not when it emits only at EOF.
+    read = [tags] * len(drivers)
+    for i in range(len(drivers) - 2, -1, -1):
+        read[i] = read[i + 1] and not drivers[i + 1].eof_only
     for i, d in enumerate(drivers):
         if fed is not None:
             fed.append(bool(items))
-        items, logic = d.drive(key, items, cur[i], now, eof, tags)
+        items, logic = d.drive(key, items, cur[i], now, eof, read[i])
         new.append(logic)
     return items, new
 

@@ -262,7 +262,9 @@ def compile_flow(graph: Any) -> Plan:
                     b = new_stage("keyed", "rows", node.down)
                     b.inputs.append((up, b""))
                     b.depth_in = depth[up]
-                b.chain.append(KeyedStep(node.step_id, node.builder, level[node.down], node.notifies))
+                b.chain.append(
+                    KeyedStep(node.step_id, node.builder, level[node.down], node.notifies, eof_only=node.eof_only)
+                )
                 b.entry = node.down
                 b.steps.append(node.step_id)
                 loc[node.down] = b

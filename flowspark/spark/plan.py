@@ -74,7 +74,7 @@ class KeyedStep:
     this step (itself included); it orders end-of-key emits after their inputs.
     `notifies`: the IR's `StatefulBatch.notifies` (whether a logic can ask for a
     notification). `regroup`: whether its emits' sequences carry the key (see
-    `StepDriver`).
+    `StepDriver`). `eof_only`: the IR's `StatefulBatch.eof_only`.
     """
 
     step_id: str
@@ -82,6 +82,7 @@ class KeyedStep:
     level: int = 1
     notifies: bool = True
     regroup: bool = True
+    eof_only: bool = False
 
     def driver(self) -> StepDriver:
         """The per-key driver of this step.
@@ -89,7 +90,7 @@ class KeyedStep:
         Returns:
             A `StepDriver`.
         """
-        return StepDriver(self.step_id, self.builder, self.level, self.regroup)
+        return StepDriver(self.step_id, self.builder, self.level, self.regroup, self.eof_only)
 
 
 @dataclass(frozen=True)

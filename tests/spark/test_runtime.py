@@ -193,6 +193,23 @@ def test_untagged_drive_gives_the_same_emits_in_the_same_order(cls):
             assert {t for t, _ in untagged} == {b""}
 
 
+def test_a_step_before_an_eof_only_step_skips_its_tags_and_the_output_is_the_same():
+    # `fold_final` promises to emit only at EOF (`eof_only`): the step before it then gives
+    # its values' emits no tags, and the chain's emits (values and tags) do not change.
+    flow = Dataflow("f")
+    s = op.stateful_map("a", op.input("inp", flow, TestingSource([])), lambda st, v: ((st or 0) + v, (st or 0) + v))
+    op.output("out", op.fold_final("b", s, list, lambda acc, v: [*acc, v]), TestingSink([]))
+    a, b = (n for n in flow.graph().nodes if type(n).__name__ == "StatefulBatch")
+    assert (a.eof_only, b.eof_only) == (False, True)
+    items = list(zip(seqs(4), [1, 2, 3, 4], strict=True))
+    got = {}
+    for promise in (True, False):
+        steps = (KeyedStep(a.step_id, a.builder), KeyedStep(b.step_id, b.builder, level=2, eof_only=promise))
+        got[promise] = drive_chain(tuple(st.driver() for st in steps), "k", items, now=T0)[0]
+    assert got[True] == got[False]
+    assert [v for _, v in got[True]] == [[1, 3, 6, 10]]
+
+
 def test_end_of_key_emits_sort_after_the_key_values_and_by_key():
     step = KeyedStep("f.st", stateful_builder(Sum))
     a, _ = drive_key("a", [(source_seq(0, 0, 5), 1), (source_seq(0, 0, 7), 1)], (step,), now=T0)
