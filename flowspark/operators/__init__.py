@@ -1351,7 +1351,7 @@ def reduce_final(step_id: str, up: KeyedStream[V], reducer: Callable[[V, V], V])
     def shim_builder(resume_state: Optional[tuple[V]]) -> _ReduceFinalLogic[V]:
         return _ReduceFinalLogic(reducer, resume_state)
 
-    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False)
+    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False, eof_only=True)
 
 
 @operator

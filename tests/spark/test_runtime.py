@@ -199,8 +199,9 @@ def test_a_step_before_an_eof_only_step_skips_its_tags_and_the_output_is_the_sam
     flow = Dataflow("f")
     s = op.stateful_map("a", op.input("inp", flow, TestingSource([])), lambda st, v: ((st or 0) + v, (st or 0) + v))
     op.output("out", op.fold_final("b", s, list, lambda acc, v: [*acc, v]), TestingSink([]))
-    a, b = (n for n in flow.graph().nodes if type(n).__name__ == "StatefulBatch")
-    assert (a.eof_only, b.eof_only) == (False, True)
+    op.output("out2", op.count_final("c", op.input("inp2", flow, TestingSource([])), str), TestingSink([]))
+    a, b, c = (n for n in flow.graph().nodes if type(n).__name__ == "StatefulBatch")
+    assert (a.eof_only, b.eof_only, c.eof_only) == (False, True, True)  # count_final: a reduce_final
     items = list(zip(seqs(4), [1, 2, 3, 4], strict=True))
     got = {}
     for promise in (True, False):
