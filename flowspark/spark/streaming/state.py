@@ -320,16 +320,18 @@ class BucketDriver:
         return ttl is not None and all(s is None or (len(s) > 1 and now - s[1] >= ttl) for s in ent[0])
 
     def _freeze(
-        self, key: str, logics: list[Any], times: list[datetime]
+        self, key: str, logics: list[Any], times: Optional[list[datetime]]
     ) -> Optional[tuple[list[Any], Optional[datetime]]]:
+        """A key's state entry from its logics (`times`: each step's last value, with a TTL)."""
         snaps: list[Any] = []
         at: Optional[datetime] = None
-        ttl = self.ttl is not None
-        for d, logic, t in zip(self.drivers, logics, times, strict=True):
+        for i, (d, logic) in enumerate(zip(self.drivers, logics, strict=True)):
             if logic is None:
                 snaps.append(None)
                 continue
-            snaps.append((d.snapshot(key, logic), t) if ttl else (d.snapshot(key, logic),))
+            snaps.append((d.snapshot(key, logic),) if times is None else (d.snapshot(key, logic), times[i]))
+            if not self.timers:
+                continue  # no step of the query can ask for a notification
             a = d.notify_at(key, logic)
             if a is not None and (at is None or a < at):
                 at = a
@@ -380,22 +382,17 @@ class BucketDriver:
         out: list[tuple[bytes, Any]] = []
         if self.ttl is not None:
             self._sweep(table, now)
+        tags = self.sink_rows is None  # a sink's rows are written in any order
+        ttl = self.ttl is not None
         for key, items in runs:
             ent = table.get(key)
             snaps = ent[0] if ent else None
-            fed: list[bool] = []
+            fed: Optional[list[bool]] = [] if ttl else None  # the TTL counts from a step's last value
             emits, logics = drive_chain(
-                self.drivers,
-                key,
-                items,
-                self._logics(key, snaps, now),
-                now=now,
-                eof=False,
-                fed=fed,
-                tags=self.sink_rows is None,  # a sink's rows are written in any order
+                self.drivers, key, items, self._logics(key, snaps, now), now=now, eof=False, fed=fed, tags=tags
             )
             out.extend([(s, (key, w)) for s, w in emits])
-            self._store(table, key, logics, self._times(snaps, now, fed))
+            self._store(table, key, logics, self._times(snaps, now, fed) if ttl else None)
         due = sorted((at, key) for key, at in _pending(table) if at <= now)
         for rank, (_at, key) in enumerate(due):
             self._fire(table, key, rank, now, out)
@@ -408,7 +405,7 @@ class BucketDriver:
         for key in dead:
             table.pop(key, None)
 
-    def _store(self, table: Any, key: str, logics: list[Any], times: list[datetime]) -> None:
+    def _store(self, table: Any, key: str, logics: list[Any], times: Optional[list[datetime]]) -> None:
         frozen = self._freeze(key, logics, times)
         if frozen is None:
             table.pop(key, None)
@@ -441,7 +438,7 @@ class BucketDriver:
                     if got:
                         times[i + 1 + j] = now
             out.extend([(s, (key, w)) for s, w in emits])
-        self._store(table, key, logics, times)
+        self._store(table, key, logics, times if self.ttl is not None else None)
 
     def now(self, spark_ms: Callable[[], int]) -> datetime:
         """The time of the micro-batch: the injected clock, else Spark's processing time.
@@ -543,7 +540,8 @@ class BucketDriver:
         if not frames:
             return []
         pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        table = pa.Table.from_pandas(pdf, preserve_index=False)
+        # One thread: Arrow's pool would start threads in every call (a tenth of the call, measured).
+        table = pa.Table.from_pandas(pdf, preserve_index=False, nthreads=1)
         # The number is the first column (transformWithStateInPandas hands it over as `_0`).
         # Renamed in Arrow: pandas' rename and drop copy the frame (8% of the stage, measured).
         table = table.rename_columns([ID_COLUMN, *table.column_names[1:]]).drop_columns(["bucket"])
@@ -553,7 +551,10 @@ class BucketDriver:
         table = table.set_column(0, ID_COLUMN, table.column(0).cast(pa.int64()))
         # Arrow orders strings by UTF-8 bytes: Python's order of str; null keys last.
         table = table.take(pc.sort_indices(table, sort_keys=[(ck.column, "ascending"), (ID_COLUMN, "ascending")]))
-        return list(column_key_runs(self.spec, iter(table.combine_chunks().to_batches()), dead))
+        # A sink's rows are written in any order: their runs need no sequences (the ids above
+        # still order each key's values).
+        ordered = self.sink_rows is None or dead is not None
+        return list(column_key_runs(self.spec, iter(table.combine_chunks().to_batches()), dead, sequences=ordered))
 
     def _sink_frame(self, emits: list[tuple[bytes, Any]]) -> Any:
         """The stage's items as rows of the lone file sink's schema (see `sink_rows`)."""
