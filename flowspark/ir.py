@@ -182,6 +182,12 @@ class StatefulBatch:
     no notification). True is a promise, set by `fold_final` (and the operators built
     on it); a runtime then need not order the values it gets (the Spark runtimes skip
     their tags: `flowspark.runtime.driver.drive_chain`).
+
+    `batch_fn`: the step's whole logic as a function of its state, set by `stateful_map`:
+    `batch_fn(state, values) -> (state, emits)` gives what a logic built from `state`
+    (`None`: fresh) and fed `values` emits and ends with (`None`: discarded). Such a logic
+    never notifies, emits nothing at EOF and snapshots a deep copy of its state, so a
+    runtime may drive bare states instead of logic objects (`StepDriver.drive_state`).
     """
 
     step_id: str
@@ -190,6 +196,7 @@ class StatefulBatch:
     down: str
     notifies: bool = True
     eof_only: bool = False
+    batch_fn: Optional[Callable[[Any, list[Any]], tuple[Any, list[Any]]]] = None
 
     @property
     def ups(self) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 import copy
+import functools
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -1048,24 +1049,30 @@ class _StatefulMapLogic(StatefulBatchLogic[V, W, Optional[S]]):
 
     @override
     def on_batch(self, values: list[V]) -> tuple[Iterable[W], bool]:
-        mapper = self.mapper
-        state = self.state
-        emits: list[W] = []
-        append = emits.append
-        for v in values:
-            res = mapper(state, v)
-            try:
-                # Any 2-item iterable unpacks (as in Bytewax), e.g. `[state, emit]`.
-                state, w = res
-            except (TypeError, ValueError):
-                raise _bad_mapper_return(self.step_id, "(updated_state, emit)", res) from None
-            append(w)
+        state, emits = _map_values(self.step_id, self.mapper, self.state, values)
         self.state = state
         return (emits, state is None)
 
     @override
     def snapshot(self) -> Optional[S]:
         return copy.deepcopy(self.state)
+
+
+def _map_values(
+    step_id: str, mapper: Callable[[Optional[S], V], tuple[Optional[S], W]], state: Optional[S], values: list[V]
+) -> tuple[Optional[S], list[W]]:
+    """`stateful_map`'s logic as a function of its state: `(state after values, emits)` (IR `batch_fn`)."""
+    emits: list[W] = []
+    append = emits.append
+    for v in values:
+        res = mapper(state, v)
+        try:
+            # Any 2-item iterable unpacks (as in Bytewax), e.g. `[state, emit]`.
+            state, w = res
+        except (TypeError, ValueError):
+            raise _bad_mapper_return(step_id, "(updated_state, emit)", res) from None
+        append(w)
+    return state, emits
 
 
 def _bad_mapper_return(step_id: str, want: str, got: Any) -> FlowsparkTypeError:
@@ -1106,7 +1113,8 @@ def stateful_map(
     def shim_builder(resume_state: Optional[S]) -> _StatefulMapLogic[V, W, S]:
         return _StatefulMapLogic(step_id, mapper, resume_state)
 
-    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False)
+    batch_fn = functools.partial(_map_values, step_id, mapper)
+    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False, batch_fn=batch_fn)
 
 
 @operator

@@ -36,6 +36,7 @@ measured).
 
 from __future__ import annotations
 
+import copy
 import itertools
 import struct
 from collections.abc import Iterable
@@ -56,6 +57,7 @@ __all__ = [
     "StepDriver",
     "bad_item_error",
     "drive_chain",
+    "drive_states",
     "eof_tag",
     "idx",
     "key_tag",
@@ -192,17 +194,24 @@ class StepDriver:
             chain (the next step has the same key) and before partitioned sinks.
     """
 
-    __slots__ = ("builder", "eof_only", "level", "regroup", "step_id")
+    __slots__ = ("batch_fn", "builder", "eof_only", "level", "regroup", "step_id")
 
     def __init__(
-        self, step_id: str, builder: Callable[[Any], Any], level: int = 1, regroup: bool = True, eof_only: bool = False
+        self,
+        step_id: str,
+        builder: Callable[[Any], Any],
+        level: int = 1,
+        regroup: bool = True,
+        eof_only: bool = False,
+        batch_fn: Optional[Callable[[Any, list[Any]], tuple[Any, list[Any]]]] = None,
     ) -> None:
-        """Describe the step (`eof_only`: the IR's promise that its logics emit only from `on_eof`)."""
+        """Describe the step (`eof_only`, `batch_fn`: the IR's facts, see `ir.StatefulBatch`)."""
         self.step_id = step_id
         self.builder = builder
         self.level = level
         self.regroup = regroup
         self.eof_only = eof_only
+        self.batch_fn = batch_fn
 
     # -- one hook at a time ----------------------------------------------------
     def fail(self, key: Optional[str], error: BaseException) -> FlowsparkRuntimeError:
@@ -512,6 +521,43 @@ class StepDriver:
         raise self.fail(None, bad_item_error(self.step_id, kv))
 
     # -- the fixed-time timeline with tags ------------------------------------------
+    def drive_state(self, key: str, items: list[tuple[bytes, Any]], state: Any, tags: bool = True) -> tuple[Emits, Any]:
+        """`drive` for a step with a `batch_fn`, on the bare state instead of a logic.
+
+        Gives the emits, in the same order with the same tags, that `drive` gives with
+        `eof=False` for a logic built from `state` (`None`: no logic yet); a step with a
+        `batch_fn` never notifies, so the time plays no part.
+
+        Args:
+            key: The key.
+            items: `(tag, value)` pairs in order.
+            state: The key's state, or `None`.
+            tags: As in `drive`.
+
+        Returns:
+            `(emits as (tag, value) pairs in order, state after the values or None)`.
+        """
+        fn = self.batch_fn
+        assert fn is not None
+        out: Emits = []
+        mid = key_tag(key) if self.regroup and items and items[0][0] else b""
+        for start in range(0, len(items), _KEY_CHUNK):
+            chunk = items[start : start + _KEY_CHUNK]
+            try:
+                state, ws = fn(state, [v for _, v in chunk])
+            except Exception as e:
+                raise self.fail(key, e) from e
+            if ws:
+                _tag_emits(chunk, ws, mid, tags, out)
+        return out, state
+
+    def state_snapshot(self, key: str, state: Any) -> Any:
+        """The snapshot of a logic whose state is `state` (a step with a `batch_fn`): a deep copy."""
+        try:
+            return copy.deepcopy(state)
+        except Exception as e:
+            raise self.fail(key, e) from e
+
     def drive(
         self, key: str, items: list[tuple[bytes, Any]], logic: Any, now: datetime, eof: bool, tags: bool = True
     ) -> tuple[Emits, Any]:
@@ -534,7 +580,6 @@ class StepDriver:
             logic = self.build(key)
         # Emits sort by (activation, key, then as their values): see `regroup`.
         mid = key_tag(key) if self.regroup and items and items[0][0] else b""
-        cut = HEAD_LEN
         if logic is not None and not wants_notify(logic):
             # No timers: hand the values over in large batches. Emit j of a batch gets the
             # tag of value min(j, n-1) plus j: strictly increasing, so order is kept.
@@ -544,20 +589,7 @@ class StepDriver:
                     logic = self.build(key)
                 ws, discard = self.feed(key, logic, [v for _, v in chunk])
                 if ws:
-                    nw, nc = len(ws), len(chunk)
-                    if not tags:
-                        out.extend(zip(itertools.repeat(b""), ws))
-                    elif not mid and nw <= nc and nw <= len(_IDX_CACHE):
-                        out.extend([(t + i, w) for (t, _), i, w in zip(chunk, _IDX_CACHE, ws, strict=False)])
-                    elif nw <= nc and nw <= len(_IDX_CACHE):
-                        heads = [t for t, _ in chunk[:nw]]
-                        out.extend(
-                            [(t[:cut] + mid + t[cut:] + i, w) for t, i, w in zip(heads, _IDX_CACHE, ws, strict=False)]
-                        )
-                    else:
-                        last = nc - 1
-                        for j, w in enumerate(ws):
-                            out.append((regroup(chunk[j if j < last else last][0], mid) + idx(j), w))
+                    _tag_emits(chunk, ws, mid, tags, out)
                 if discard:
                     logic = None
             if eof and logic is not None:
@@ -590,6 +622,27 @@ class StepDriver:
                     logic = None
             out.extend([(tag + idx(EOF_BASE + n), w) for n, w in enumerate(ws)])
         return out, logic
+
+
+def _tag_emits(chunk: list[tuple[bytes, Any]], ws: list[Any], mid: bytes, tags: bool, out: Emits) -> None:
+    """Append the emits `ws` of one batch of values `chunk` to `out`, tagged (see `StepDriver.drive`).
+
+    Emit j gets the tag of value min(j, n-1) (with the key `mid` moved in, see `regroup`)
+    plus j: strictly increasing, so order is kept. Without `tags`, empty tags.
+    """
+    nw, nc = len(ws), len(chunk)
+    if not tags:
+        out.extend(zip(itertools.repeat(b""), ws))
+    elif not mid and nw <= nc and nw <= len(_IDX_CACHE):
+        out.extend([(t + i, w) for (t, _), i, w in zip(chunk, _IDX_CACHE, ws, strict=False)])
+    elif nw <= nc and nw <= len(_IDX_CACHE):
+        cut = HEAD_LEN
+        heads = [t for t, _ in chunk[:nw]]
+        out.extend([(t[:cut] + mid + t[cut:] + i, w) for t, i, w in zip(heads, _IDX_CACHE, ws, strict=False)])
+    else:
+        last = nc - 1
+        for j, w in enumerate(ws):
+            out.append((regroup(chunk[j if j < last else last][0], mid) + idx(j), w))
 
 
 def drive_chain(
@@ -635,15 +688,43 @@ def drive_chain(
     """
     cur = logics if logics is not None else [None] * len(drivers)
     new: list[Any] = []
-    # A step's emits need tags when the next step reads them: not when it emits only at EOF.
-    read = [tags] * len(drivers)
-    for i in range(len(drivers) - 2, -1, -1):
-        read[i] = read[i + 1] and not drivers[i + 1].eof_only
+    read = reads_tags(drivers, tags)
     for i, d in enumerate(drivers):
         if fed is not None:
             fed.append(bool(items))
         items, logic = d.drive(key, items, cur[i], now, eof, read[i])
         new.append(logic)
+    return items, new
+
+
+def reads_tags(drivers: tuple[StepDriver, ...], tags: bool) -> list[bool]:
+    """Whether each step's emits need tags: the next step reads them, unless it emits only at EOF."""
+    read = [tags] * len(drivers)
+    for i in range(len(drivers) - 2, -1, -1):
+        read[i] = read[i + 1] and not drivers[i + 1].eof_only
+    return read
+
+
+def drive_states(
+    drivers: tuple[StepDriver, ...], key: str, items: list[tuple[bytes, Any]], states: list[Any], *, tags: bool = True
+) -> tuple[Emits, list[Any]]:
+    """`drive_chain` with `eof=False` for a chain whose every step has a `batch_fn`, on bare states.
+
+    Args:
+        drivers: The chain.
+        key: The key.
+        items: `(tag, value)` pairs of the key, in order.
+        states: Each step's state for the key (`None`: no logic).
+        tags: As in `drive_chain`.
+
+    Returns:
+        `(emits, states)`: what `drive_chain` gives for logics built from `states`, and
+        each step's state after the call (what their logics would hold).
+    """
+    new: list[Any] = []
+    for d, state, read in zip(drivers, states, reads_tags(drivers, tags), strict=True):
+        items, state = d.drive_state(key, items, state, read)
+        new.append(state)
     return items, new
 
 

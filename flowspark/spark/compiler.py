@@ -263,7 +263,14 @@ def compile_flow(graph: Any) -> Plan:
                     b.inputs.append((up, b""))
                     b.depth_in = depth[up]
                 b.chain.append(
-                    KeyedStep(node.step_id, node.builder, level[node.down], node.notifies, eof_only=node.eof_only)
+                    KeyedStep(
+                        node.step_id,
+                        node.builder,
+                        level[node.down],
+                        node.notifies,
+                        eof_only=node.eof_only,
+                        batch_fn=node.batch_fn,
+                    )
                 )
                 b.entry = node.down
                 b.steps.append(node.step_id)

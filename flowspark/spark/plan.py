@@ -74,7 +74,7 @@ class KeyedStep:
     this step (itself included); it orders end-of-key emits after their inputs.
     `notifies`: the IR's `StatefulBatch.notifies` (whether a logic can ask for a
     notification). `regroup`: whether its emits' sequences carry the key (see
-    `StepDriver`). `eof_only`: the IR's `StatefulBatch.eof_only`.
+    `StepDriver`). `eof_only`, `batch_fn`: the IR's `StatefulBatch.eof_only`, `.batch_fn`.
     """
 
     step_id: str
@@ -83,6 +83,7 @@ class KeyedStep:
     notifies: bool = True
     regroup: bool = True
     eof_only: bool = False
+    batch_fn: Optional[Callable[[Any, list[Any]], tuple[Any, list[Any]]]] = None
 
     def driver(self) -> StepDriver:
         """The per-key driver of this step.
@@ -90,7 +91,7 @@ class KeyedStep:
         Returns:
             A `StepDriver`.
         """
-        return StepDriver(self.step_id, self.builder, self.level, self.regroup, self.eof_only)
+        return StepDriver(self.step_id, self.builder, self.level, self.regroup, self.eof_only, self.batch_fn)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import enum
 import itertools
 from datetime import datetime, timedelta, timezone
@@ -14,7 +16,7 @@ import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
 from flowspark.operators import StatefulLogic
-from flowspark.runtime.driver import drive_chain, idx
+from flowspark.runtime.driver import drive_chain, drive_states, idx
 from flowspark.spark import run
 from flowspark.spark.codec import (
     SINGLES,
@@ -29,6 +31,7 @@ from flowspark.spark.codec import (
     source_seq,
 )
 from flowspark.spark.plan import KeyedStep, Port, StageSpec
+from flowspark.spark.streaming.state import BucketDriver
 from flowspark.spark.worker import run_stage_rows
 from flowspark.testing import TestingSink, TestingSource
 
@@ -209,6 +212,74 @@ def test_a_step_before_an_eof_only_step_skips_its_tags_and_the_output_is_the_sam
         got[promise] = drive_chain(tuple(st.driver() for st in steps), "k", items, now=T0)[0]
     assert got[True] == got[False]
     assert [v for _, v in got[True]] == [[1, 3, 6, 10]]
+
+
+def _map_steps() -> tuple[KeyedStep, ...]:
+    """Two `stateful_map`s as the compiler gives them: a running total that discards its
+    state at a 0 (and starts over), then the list of the totals seen (a mutable state, emitted)."""
+    flow = Dataflow("f")
+
+    def total(st, v):
+        t = (st or 0) + v
+        return (None if v == 0 else t), t
+
+    def seen(st, v):
+        st = st if st is not None else []
+        st.append(v)
+        return st, st  # the emit is the state object itself
+
+    a = op.stateful_map("a", op.input("inp", flow, TestingSource([])), total)
+    op.output("out", op.stateful_map("b", a, seen), TestingSink([]))
+    nodes = [n for n in flow.graph().nodes if type(n).__name__ == "StatefulBatch"]
+    assert all(n.batch_fn is not None for n in nodes)  # stateful_map records it in the IR
+    return tuple(KeyedStep(n.step_id, n.builder, level=i + 1, batch_fn=n.batch_fn) for i, n in enumerate(nodes))
+
+
+@pytest.mark.parametrize("n", [5, 4096 + 7])  # one batch; more than one `_KEY_CHUNK`
+def test_bare_states_give_the_logics_emits_tags_and_snapshots(n):
+    # `drive_states` (a chain of `batch_fn` steps on bare states, the streaming bucket
+    # call's path) must give exactly what `drive_chain` gives with logic objects.
+    rng = np.random.default_rng(n)
+    values = [int(x) for x in rng.integers(0, 4, n)]
+    items = list(zip(seqs(n), values, strict=True))
+    for regroup, tags, start in itertools.product((True, False), (True, False), (None, [7, [1, 2]])):
+        steps = tuple(dataclasses.replace(st, regroup=regroup) for st in _map_steps())
+        drivers = tuple(st.driver() for st in steps)
+        states = [None, None] if start is None else start
+        logics = [None if s is None else d.build("k", copy.deepcopy(s)) for d, s in zip(drivers, states, strict=True)]
+        want, live = drive_chain(drivers, "k", items, logics, now=T0, eof=False, tags=tags)
+        got, bare = drive_states(drivers, "k", items, copy.deepcopy(states), tags=tags)
+        assert got == want
+        assert [d.state_snapshot("k", s) if s is not None else None for d, s in zip(drivers, bare, strict=True)] == [
+            lg.snapshot() if lg is not None else None for lg in live
+        ]
+        if tags:
+            assert len({t for t, _ in got}) == len(got)  # tagged emits stay ordered
+
+
+def test_the_bucket_call_on_bare_states_keeps_the_same_state_entries_and_emits():
+    spec = StageSpec(1, "rows", "s", chain=_map_steps(), depth_in=len(source_seq(0, 0, 0)))
+    runs = [("a", list(zip(seqs(4), [1, 2, 0, 5], strict=True))), ("b", list(zip(seqs(2), [3, 3], strict=True)))]
+    out = {}
+    for bare in (True, False):
+        driver = BucketDriver(spec, timers=False)
+        assert driver.bare
+        driver.bare = bare
+        table = {"b": ([(6,), ([1, 2],)], None)}
+        emits = driver.process_runs(table, runs, T0)
+        out[bare] = (emits, table)
+    assert out[True] == out[False]
+    assert out[True][1]["a"] == ([(5,), ([1, 3, 3, 5],)], None)  # totals 1, 3, 3 (0 discards), 5
+    out[True][0][-1][1][1].append("changed downstream")  # the state is a snapshot: a copy
+    assert out[True][1]["b"] == ([(12,), ([1, 2, 9, 12],)], None)
+    errors = []
+    for bare in (True, False):
+        driver = BucketDriver(spec, timers=False)
+        driver.bare = bare
+        with pytest.raises(FlowsparkRuntimeError, match="step 'f.a.stateful_batch' for key 'c': TypeError") as info:
+            driver.process_runs({}, [("c", [(source_seq(0, 0, 0), "x")])], T0)  # int + str fails in the mapper
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
 
 
 def test_end_of_key_emits_sort_after_the_key_values_and_by_key():

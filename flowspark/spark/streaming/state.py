@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 
 from flowspark._time import use_clock
 from flowspark.errors import FlowsparkRuntimeError
-from flowspark.runtime.driver import drive_chain, idx
+from flowspark.runtime.driver import drive_chain, drive_states, idx
 from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.routing import Route, forward_frame
@@ -293,6 +293,9 @@ class BucketDriver:
         self.forward_group = forward_group
         self.spec = spec
         self.drivers = tuple(ks.driver() for ks in spec.chain)
+        # Every step a function of its state (`stateful_map`) and no TTL: the keys' states are
+        # driven bare, without building and snapshotting a logic object per key and call.
+        self.bare = ttl is None and all(d.batch_fn is not None for d in self.drivers)
         self.depth_in = spec.depth_in
         self.clock = clock
         self.sink_rows = sink_rows
@@ -384,6 +387,9 @@ class BucketDriver:
             self._sweep(table, now)
         tags = self.sink_rows is None  # a sink's rows are written in any order
         ttl = self.ttl is not None
+        if self.bare:
+            self._process_bare(table, runs, tags, out)
+            runs = ()
         for key, items in runs:
             ent = table.get(key)
             snaps = ent[0] if ent else None
@@ -397,6 +403,21 @@ class BucketDriver:
         for rank, (_at, key) in enumerate(due):
             self._fire(table, key, rank, now, out)
         return out
+
+    def _process_bare(self, table: Any, runs: Any, tags: bool, out: list[tuple[bytes, Any]]) -> None:
+        """`process_runs`' values for a chain of steps with a `batch_fn`: the same entries, the same emits."""
+        drivers = self.drivers
+        fresh: list[Any] = [None] * len(drivers)
+        for key, items in runs:
+            ent = table.get(key)
+            states = fresh if not ent else [None if s is None else s[0] for s in ent[0]]
+            emits, states = drive_states(drivers, key, items, states, tags=tags)
+            out.extend([(s, (key, w)) for s, w in emits])
+            if all(st is None for st in states):
+                table.pop(key, None)
+            else:
+                pairs = zip(drivers, states, strict=True)
+                table[key] = ([None if st is None else (d.state_snapshot(key, st),) for d, st in pairs], None)
 
     def _sweep(self, table: Any, now: datetime) -> None:
         """Drop the keys whose every step's state outlived the TTL (of the bucket's dict, or of its hot tier)."""
