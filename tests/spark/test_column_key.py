@@ -202,6 +202,15 @@ def test_both_lowerings_agree(spark, rows, parts, tail):
         assert results[0][3], "the error names one of the rows with a null key"
 
 
+def _sample_job(src: str, key: Any, where: str) -> Dataflow:
+    """parquet `src` keyed by `key` -> the row unchanged per key -> `{user, x: v}` -> parquet `where`, no schema."""
+    flow = Dataflow("job")
+    k = op.key_on("key", op.input("inp", flow, SparkSource("parquet", src)), key)
+    c = op.stateful_map("same", k, lambda s, r: (s, r))
+    op.output("out", op.map("row", c, lambda kv: {"user": kv[0], "x": kv[1]["v"]}), SparkSink("parquet", where))
+    return flow
+
+
 @pytest.mark.parametrize("first_key_rows", [99, 100])
 def test_a_sink_without_schema_infers_it_from_the_first_100_items_on_both_lowerings(
     spark, tmp_path, capsys, first_key_rows
@@ -214,18 +223,11 @@ def test_a_sink_without_schema_infers_it_from_the_first_100_items_on_both_loweri
     rows = [("a", None)] * first_key_rows + [("b", i) for i in range(50)]
     spark.createDataFrame(rows, "user string, v long").coalesce(1).write.parquet(str(tmp_path / "in"))
 
-    def job(key: Any, where: str) -> Dataflow:
-        flow = Dataflow("job")
-        k = op.key_on("key", op.input("inp", flow, SparkSource("parquet", str(tmp_path / "in"))), key)
-        c = op.stateful_map("same", k, lambda s, r: (s, r))
-        op.output("out", op.map("row", c, lambda kv: {"user": kv[0], "x": kv[1]["v"]}), SparkSink("parquet", where))
-        return flow
-
     outcomes = []
     for key, where in ((recognised, "a"), (not_recognised, "b")):
         path = str(tmp_path / where)
         try:
-            run(job(key, path), spark=spark, partitions=1, explain=True)
+            run(_sample_job(str(tmp_path / "in"), key, path), spark=spark, partitions=1, explain=True)
         except FlowsparkRuntimeError as e:
             outcomes.append(str(e))
         else:
@@ -256,16 +258,9 @@ def test_the_first_keys_sample_reads_partition_0_as_the_stage_does(spark, tmp_pa
     rows = [(k, 7 if k == z else None) for k in keys for _ in range(3)]
     spark.createDataFrame(rows, "user string, v long").repartition(4).write.parquet(str(tmp_path / "in"))
 
-    def job(key: Any, where: str) -> Dataflow:
-        flow = Dataflow("job")
-        k = op.key_on("key", op.input("inp", flow, SparkSource("parquet", str(tmp_path / "in"))), key)
-        c = op.stateful_map("same", k, lambda s, r: (s, r))
-        op.output("out", op.map("row", c, lambda kv: {"user": kv[0], "x": kv[1]["v"]}), SparkSink("parquet", where))
-        return flow
-
     got = []
     for key, where in ((recognised, "a"), (not_recognised, "b")):
-        run(job(key, str(tmp_path / where)), spark=spark, partitions=3)
+        run(_sample_job(str(tmp_path / "in"), key, str(tmp_path / where)), spark=spark, partitions=3)
         df = spark.read.parquet(str(tmp_path / where))
         got.append((df.schema.simpleString(), sorted(df.collect())))
     assert got[0] == got[1]

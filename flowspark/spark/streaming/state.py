@@ -389,16 +389,16 @@ class BucketDriver:
         ttl = self.ttl is not None
         if self.bare:
             self._process_bare(table, runs, tags, out)
-            runs = ()
-        for key, items in runs:
-            ent = table.get(key)
-            snaps = ent[0] if ent else None
-            fed: Optional[list[bool]] = [] if ttl else None  # the TTL counts from a step's last value
-            emits, logics = drive_chain(
-                self.drivers, key, items, self._logics(key, snaps, now), now=now, eof=False, fed=fed, tags=tags
-            )
-            out.extend([(s, (key, w)) for s, w in emits])
-            self._store(table, key, logics, self._times(snaps, now, fed) if ttl else None)
+        else:
+            for key, items in runs:
+                ent = table.get(key)
+                snaps = ent[0] if ent else None
+                fed: Optional[list[bool]] = [] if ttl else None  # the TTL counts from a step's last value
+                emits, logics = drive_chain(
+                    self.drivers, key, items, self._logics(key, snaps, now), now=now, eof=False, fed=fed, tags=tags
+                )
+                out.extend([(s, (key, w)) for s, w in emits])
+                self._store(table, key, logics, self._times(snaps, now, fed) if ttl else None)
         due = sorted((at, key) for key, at in _pending(table) if at <= now)
         for rank, (_at, key) in enumerate(due):
             self._fire(table, key, rank, now, out)
