@@ -89,6 +89,12 @@ class FlatMapBatch:
     `key_column`: set by `key_on` when its key function is proven to return
     `item[key_column]` (`lambda r: r["user"]`, `operator.itemgetter("user")`); a runtime
     whose items are rows may then compute the key from the column itself.
+
+    `value_mapper`: set by `map_value`: each `(key, value)` input gives `(key,
+    value_mapper(value))`; a runtime holding a batch's keys and values in separate
+    columns may then map the values alone (`mapper` stays the reference, and gives
+    the step's error for an item that is not a pair). `value_column`: set by `map_value`
+    when `value_mapper` is proven to return `value[value_column]` (as `key_column`).
     """
 
     step_id: str
@@ -98,6 +104,8 @@ class FlatMapBatch:
     one_to_one: bool = False
     keeps: str = ""
     key_column: Optional[str] = None
+    value_mapper: Optional[Callable[[Any], Any]] = None
+    value_column: Optional[str] = None
 
     @property
     def ups(self) -> tuple[str, ...]:

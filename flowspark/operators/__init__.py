@@ -569,7 +569,13 @@ def map_value(step_id: str, up: KeyedStream[V], mapper: Callable[[V], W]) -> Key
             out.append((k, mapper(v)))
         return out
 
-    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), one_to_one=True, keeps="key")
+    return _declare(
+        flat_map_batch("flat_map_batch", up, shim_mapper),
+        one_to_one=True,
+        keeps="key",
+        value_mapper=mapper,
+        value_column=column_of(mapper),
+    )
 
 
 def _check_bool(step_id: str, what: str, x: Any, result: Any) -> bool:

@@ -197,6 +197,8 @@ def compile_flow(graph: Any) -> Plan:
                         one_to_one=one,
                         keeps=node.keeps,
                         key_column=node.key_column,
+                        value_fn=node.value_mapper,
+                        value_column=node.value_column,
                     )
                 )
                 b.steps.append(node.step_id)

@@ -52,7 +52,8 @@ class Op:
     `FlatMapBatch.one_to_one` (one output per input: it keeps the input's sequence). `ups`/`downs` are
     stream ids; for `merge`, `pads[i]` is the upstream's 4-byte index (inserted
     after the source header) then zero padding (appended). `keeps` and `key_column`:
-    the IR's `FlatMapBatch` facts of the same names.
+    the IR's `FlatMapBatch` facts of the same names; `value_fn` and `value_column`: its
+    `value_mapper` and `value_column`.
     """
 
     kind: str
@@ -64,6 +65,8 @@ class Op:
     one_to_one: bool = False
     keeps: str = ""
     key_column: Optional[str] = None
+    value_fn: Optional[Callable[[Any], Any]] = None
+    value_column: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,20 @@ class ColumnKey:
     entry: str
     ops: tuple[Op, ...]
     port: str
+
+    @property
+    def value_column(self) -> Optional[str]:
+        """The column a Spark-keyed stage reads its values from, or `None`.
+
+        That is when the `key_on` comes first and the next step (past redistributes) is a
+        `map_value` proven to return `row[column]`.
+        """
+        if self.ops[0].kind != "map" or self.ops[0].key_column != self.column:
+            return None
+        for o in self.ops[1:]:
+            if o.kind != "pass":
+                return o.value_column if o.kind == "map" else None
+        return None
 
 
 @dataclass(frozen=True)

@@ -261,20 +261,36 @@ def column_key_runs(
     key_for = spec.chain[0].step_id
     # The `key_on` first (no filter before it): its keys are the column itself.
     key_first = ck.ops[0].key_column == ck.column and ck.ops[0].kind == "map"
+    # Every step after it maps values alone (`map_value`): the items are `(row[column],
+    # mapped row)`, computed as columns (keys as Arrow gives them, values mapped in one list);
+    # when the first of them is proven to be `row[value_column]`, no row dict is built at all.
+    value_fns = _value_fns(ck.ops[1:]) if key_first and dead is None else None
+    value_column = ck.value_column if value_fns is not None else None
+
+    def rows_of(b: Any) -> list[Any]:
+        try:
+            return pa.RecordBatch.from_arrays(b.columns[1:], names=b.schema.names[1:]).to_pylist()
+        except Exception as e:
+            raise _fail(ck.source_step, e) from e
 
     def columns() -> Iterator[tuple[Any, list[bytes], list[Any]]]:
         for b in batches:
             if not b.num_rows:
                 continue
-            try:
-                rows = pa.RecordBatch.from_arrays(b.columns[1:], names=b.schema.names[1:]).to_pylist()
-            except Exception as e:
-                raise _fail(ck.source_step, e) from e
             seqs = position_seqs(ck.source_index, b.column(0)) if sequences else [b""] * b.num_rows
             keys = _key_column(b, ck.column) if key_first else None
-            if keys is not None and len(ck.ops) == 1:
-                yield keys, seqs, rows  # the items are (row[column], row): nothing left to run or check
-                continue
+            rows: Optional[list[Any]] = None
+            if keys is not None and value_fns is not None:
+                if value_column is not None and b.schema.names.count(value_column) == 1:
+                    vs = _mapped_values(value_fns[1:], b.column(value_column).to_pylist())
+                else:
+                    rows = rows_of(b)
+                    vs = _mapped_values(value_fns, rows)
+                if vs is not None:  # else a mapper raised: the step-by-step path below raises its error
+                    yield keys, seqs, vs
+                    continue
+            if rows is None:
+                rows = rows_of(b)
             if keys is not None:
                 # The recognised key function is `row[column]`: its pairs, without calling it per row.
                 pairs = zip(keys.to_pylist(), rows, strict=True)
@@ -292,6 +308,57 @@ def column_key_runs(
                 yield pa.array(ks, pa.string()), list(map(_first, items)), list(map(_second, xs))
 
     return _runs(columns())
+
+
+def _value_fns(ops: tuple[Op, ...]) -> Optional[tuple[Callable[[Any], Any], ...]]:
+    """The per-value mappers of `ops` when each is a `map_value` (or a `redistribute`), else `None`."""
+    fns = []
+    for o in ops:
+        if o.kind == "map" and o.value_fn is not None:
+            fns.append(o.value_fn)
+        elif o.kind != "pass":
+            return None
+    return tuple(fns)
+
+
+def _mapped_values(fns: tuple[Callable[[Any], Any], ...], values: list[Any]) -> Optional[list[Any]]:
+    """`values` through each mapper in turn, or `None` when one raises."""
+    try:
+        for fn in fns:
+            values = list(map(fn, values))
+    except Exception:  # noqa: BLE001  # the caller reruns the steps one by one, for the step's error
+        return None
+    return values
+
+
+def _one_to_one_line(spec: StageSpec) -> Optional[tuple[Callable[[list[Any]], Any], ...]]:
+    """The batch mappers from the stage's entry to its only port, or `None`.
+
+    That is when the stage's steps are one line of one-to-one `map` steps (and redistributes).
+    """
+    stream = spec.entry
+    fns = []
+    for o in spec.ops:
+        if o.ups != (stream,) or len(o.downs) != 1 or not (o.kind == "pass" or (o.kind == "map" and o.one_to_one)):
+            return None
+        if o.kind == "map":
+            assert o.fn is not None
+            fns.append(o.fn)
+        stream = o.downs[0]
+    return tuple(fns) if len(spec.ports) == 1 and stream == spec.ports[0].stream else None
+
+
+def _through(fns: tuple[Callable[[list[Any]], Any], ...], xs: list[Any]) -> Optional[list[Any]]:
+    """`xs` through each one-to-one batch mapper in turn, or `None` when one raises or breaks its promise."""
+    try:
+        for fn in fns:
+            res = fn(xs)
+            if type(res) is not list or len(res) != len(xs):
+                return None
+            xs = res
+    except Exception:  # noqa: BLE001  # the caller reruns the steps one by one, for the step's error
+        return None
+    return xs
 
 
 def _key_column(b: Any, column: str) -> Any:
@@ -632,10 +699,15 @@ def stage_function(
                 schema=schema,
             )
 
+        line = _one_to_one_line(spec) if sink is not None else None
+
         def sink_batch(items: list[tuple[bytes, Any]]) -> Any:
             assert sink is not None
-            xs = stage_streams(spec, items).get(spec.ports[0].stream)
-            return dict_rows(sink[0], list(map(_second, xs)), sink[1]) if xs else None
+            xs = _through(line, list(map(_second, items))) if line is not None else None
+            if xs is None:  # not a line of one-to-one steps, or a step raised: step by step, for its error
+                ps = stage_streams(spec, items).get(spec.ports[0].stream)
+                xs = list(map(_second, ps)) if ps else None
+            return dict_rows(sink[0], xs, sink[1]) if xs else None
 
         out = port_batch if sink is None else sink_batch
         assert sink is None or not spec.dead_letter, "a stage with a dead letter emits port rows"

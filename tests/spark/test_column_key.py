@@ -102,6 +102,67 @@ def test_same_results_as_in_memory_per_key(spark):
     assert per_key(out) == per_key(ref)
 
 
+def _inv(v):
+    return None if v is None else 100 // (v - 13)
+
+
+def _values_flow(source: Any, key: Any, out: list[Any], project: bool = False) -> Dataflow:
+    """`key_on` then only `map_value` steps before the keyed step: Spark-keyed stages map the values as a column.
+
+    With `project`, the first of them is `lambda r: r["v"]` (the values are then read from column `v`).
+    """
+    flow = Dataflow("vals")
+    keyed = op.key_on("key", op.input("inp", flow, source), key)
+    if project:
+        vals = op.map_value("inv", op.map_value("v", keyed, lambda r: r["v"]), _inv)
+    else:
+        vals = op.map_value("inv", keyed, lambda r: _inv(r["v"]))
+    vals = op.map_value("pair", vals, lambda v: (v, -v if v is not None else None))
+    op.output("out", op.stateful_map("count", vals, _count), TestingSink(out))
+    return flow
+
+
+def test_value_mappers_are_carried_to_the_spark_keyed_stage():
+    for project, ids in ((False, ["inv", "pair"]), (True, ["v", "inv", "pair"])):
+        flow = _values_flow(SparkSource("parquet", "/x"), recognised, [], project=project)
+        stage = next(st for st in compile_flow(flow).stages if st.spec.chain)
+        ck = stage.spec.column_key
+        assert ck is not None
+        assert [o.step_id for o in ck.ops[1:]] == [f"vals.{i}.flat_map_batch" for i in ids]
+        assert all(o.value_fn is not None for o in ck.ops[1:])
+        assert ck.ops[-1].value_fn(7) == (7, -7)  # the user's mapper, per value
+        assert ck.value_column == ("v" if project else None)
+
+
+@pytest.mark.parametrize("project", [False, True])
+def test_values_mapped_as_a_column_give_the_python_pass_output_and_errors(spark, project):
+    rows = [(f"u{i % 6}", None if i % 17 == 0 else i % 13) for i in range(240)]  # v is never 13: no error
+    df = spark.createDataFrame(rows, "user string, v long")  # contiguous slices: partition order is list order
+    outs = []
+    for key in (recognised, not_recognised):
+        out: list[Any] = []
+        run(_values_flow(SparkSource.from_dataframe(df), key, out, project), spark=spark, start_time=T0)
+        outs.append(out)
+    ref: list[Any] = []
+    items = [{"user": u, "v": v} for u, v in rows]
+    run_main(_values_flow(TestingSource(items), recognised, ref, project), clock="fixed", start_time=T0)
+    assert outs[0] == outs[1]
+    assert per_key(outs[0]) == per_key(ref)
+    assert len(ref) == 240
+
+    bad = _df(spark, [*rows[:50], ("u2", 13), *rows[50:]], partitions=1)
+    errors = []
+    for key in (recognised, not_recognised):
+        with pytest.raises(FlowsparkRuntimeError) as e:
+            run(_values_flow(SparkSource.from_dataframe(bad), key, [], project), spark=spark, start_time=T0)
+        errors.append((e.value.step_id, e.value.exc_type, str(e.value)))
+    with pytest.raises(FlowsparkRuntimeError) as e:
+        run_main(_values_flow(TestingSource([{"user": "u2", "v": 13}]), recognised, [], project))
+    assert errors[0] == errors[1]
+    assert errors[0][:2] == (e.value.step_id, e.value.exc_type) == ("vals.inv.flat_map_batch", "ZeroDivisionError")
+    assert ("('u2', 13)" if project else "{'user': 'u2', 'v': 13}") in errors[0][2]
+
+
 def test_itemgetter_parquet_to_spark_sink(spark, tmp_path):
     rows = [(f"u{i % 3}", i) for i in range(60)]
     spark.createDataFrame(rows, "user string, v long").repartition(2).write.parquet(str(tmp_path / "in"))

@@ -84,6 +84,8 @@ def test_operators_record_key_column_and_what_steps_keep():
     k = op.key_on("key", s, lambda r: r["user"])
     k2 = op.key_on("key2", s, lambda r: r["user"].upper())
     m = op.map_value("mv", k, lambda v: v)
+    col = op.map_value("col", k, lambda v: v["amount"])
+    op.output("o2", col, TestingSink([]))
     fv = op.flat_map_value("fmv", m, lambda v: [v])
     f2 = op.filter_value("fv", fv, lambda v: True)
     mp = op.map("m", f2, lambda kv: kv)
@@ -96,6 +98,10 @@ def test_operators_record_key_column_and_what_steps_keep():
     assert n["f.mv.flat_map_batch"].keeps == "key"
     assert n["f.fmv.flat_map.flat_map_batch"].keeps == "key"
     assert n["f.m.flat_map_batch"].keeps == ""
+    assert n["f.col.flat_map_batch"].value_column == "amount"
+    assert n["f.mv.flat_map_batch"].value_column is None
+    assert n["f.mv.flat_map_batch"].value_mapper is not None
+    assert n["f.fmv.flat_map.flat_map_batch"].value_mapper is None  # many values per value: not a value mapper
 
 
 def _keyed_plan(build_steps):
