@@ -163,6 +163,44 @@ def test_values_mapped_as_a_column_give_the_python_pass_output_and_errors(spark,
     assert ("('u2', 13)" if project else "{'user': 'u2', 'v': 13}") in errors[0][2]
 
 
+def _row_of(user_count):
+    user, (n, v) = user_count
+    if v == 14:
+        raise ValueError("fourteen")
+    return {"user": user, "v": v, "n": n}
+
+
+@pytest.mark.parametrize("schema", [None, "user STRING, v LONG, n LONG"])
+def test_a_sink_stages_map_steps_give_rows_and_their_errors_name_the_step(spark, tmp_path, schema):
+    """The steps after the keyed step run on the item list when they are one line of `map`s."""
+    rows = [(f"u{i % 3}", i) for i in range(60)]
+    df = spark.createDataFrame(rows, "user string, v long")
+
+    def job(data: Any, where: str) -> Dataflow:
+        flow = Dataflow("job")
+        k = op.key_on("key", op.input("inp", flow, SparkSource.from_dataframe(data)), recognised)
+        c = op.stateful_map("count", op.map_value("v", k, lambda r: r["v"]), _count)
+        s = op.map("row", op.map("twice", c, lambda kv: (kv[0], (kv[1][0], kv[1][1] * 2))), _row_of)
+        op.output("out", s, SparkSink("parquet", str(tmp_path / where), schema=schema))
+        return flow
+
+    run(job(df.filter("v % 2 = 0"), "even"), spark=spark)
+    got = sorted(tuple(r) for r in spark.read.parquet(str(tmp_path / "even")).select("user", "v", "n").collect())
+    per_user: dict[str, int] = {}
+    want = []
+    for u, v in rows:
+        if v % 2 == 0:
+            per_user[u] = per_user.get(u, 0) + 1
+            want.append((u, 2 * v, per_user[u]))
+    assert got == sorted(want)
+    with pytest.raises(FlowsparkRuntimeError) as e:
+        run(job(df.filter("v % 2 = 1"), "odd"), spark=spark)  # v = 7 (user u1, its 2nd odd value) fails
+    assert e.value.step_id == "job.row.flat_map_batch"
+    assert e.value.exc_type == "ValueError"
+    assert "('u1', (2, 14))" in str(e.value)  # the item the `row` step got
+    assert "Traceback" not in str(e.value)
+
+
 def test_itemgetter_parquet_to_spark_sink(spark, tmp_path):
     rows = [(f"u{i % 3}", i) for i in range(60)]
     spark.createDataFrame(rows, "user string, v long").repartition(2).write.parquet(str(tmp_path / "in"))
