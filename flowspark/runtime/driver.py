@@ -81,6 +81,8 @@ SOURCE_LEN = HEAD_LEN + 12
 _PACK_I = struct.Struct(">I").pack
 _IDX_CACHE = [_PACK_I(i) for i in range(4096)]
 _KEY_CHUNK = 4096
+#: Types `copy.deepcopy` returns as they are (immutable atoms).
+_ATOMIC = frozenset({type(None), int, float, bool, complex, str, bytes})
 _PACK_Q = struct.Struct(">Q").pack
 _KEY_OF = itemgetter(0)
 
@@ -551,8 +553,23 @@ class StepDriver:
                 _tag_emits(chunk, ws, mid, tags, out)
         return out, state
 
+    def map_state(self, key: str, values: list[Any], state: Any) -> tuple[list[Any], Any]:
+        """`drive_state` without tags: the emits of `values` in order, and the state after them."""
+        fn = self.batch_fn
+        assert fn is not None
+        out: list[Any] = []
+        for start in range(0, len(values), _KEY_CHUNK):
+            try:
+                state, ws = fn(state, values[start : start + _KEY_CHUNK])
+            except Exception as e:
+                raise self.fail(key, e) from e
+            out.extend(ws)
+        return out, state
+
     def state_snapshot(self, key: str, state: Any) -> Any:
         """The snapshot of a logic whose state is `state` (a step with a `batch_fn`): a deep copy."""
+        if type(state) in _ATOMIC:
+            return state  # what deepcopy gives
         try:
             return copy.deepcopy(state)
         except Exception as e:

@@ -47,9 +47,11 @@ __all__ = [
     "dict_rows",
     "no_gc",
     "not_dict_error",
+    "one_to_one_line",
     "run_stage_rows",
     "stage_function",
     "stage_streams",
+    "through",
 ]
 
 _first = operator.itemgetter(0)
@@ -77,16 +79,20 @@ def _key_runs(batches: Iterator[Any], value_only: bool) -> Iterator[tuple[str, l
     return _runs(columns())
 
 
-def _runs(columns: Iterator[tuple[Any, list[bytes], list[Any]]]) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:
-    """Cut `(keys as an Arrow array, seqs, values)` columns, sorted by key throughout, into per-key runs."""
+def _runs(columns: Iterator[tuple[Any, Optional[list[bytes]], list[Any]]]) -> Iterator[tuple[str, list[Any]]]:
+    """Cut `(keys as an Arrow array, seqs, values)` columns, sorted by key throughout, into per-key runs.
+
+    A run holds `(seq, value)` pairs, or the values alone when the seqs are `None`.
+    """
     import pyarrow.compute as pc
 
     cur_key: Optional[str] = None
-    buf: list[tuple[bytes, Any]] = []
+    buf: list[Any] = []
     for keys, ss, vs in columns:
         runs = pc.run_end_encode(keys)
         start = 0
         for key, end in zip(runs.values.to_pylist(), runs.run_ends.to_pylist(), strict=True):
+            part = vs[start:end] if ss is None else list(zip(ss[start:end], vs[start:end], strict=True))
             if key != cur_key:
                 if cur_key is not None:
                     if key < cur_key:  # Spark sorted the rows by key
@@ -94,9 +100,9 @@ def _runs(columns: Iterator[tuple[Any, list[bytes], list[Any]]]) -> Iterator[tup
                         raise AssertionError(msg)
                     yield cur_key, buf
                 cur_key = key
-                buf = list(zip(ss[start:end], vs[start:end], strict=True))
+                buf = part
             else:
-                buf.extend(zip(ss[start:end], vs[start:end], strict=True))
+                buf.extend(part)
             start = end
     if cur_key is not None:
         yield cur_key, buf
@@ -241,8 +247,8 @@ def _checked_keys(step_id: str, xs: list[Any]) -> list[str]:
 
 
 def column_key_runs(
-    spec: StageSpec, batches: Iterator[Any], dead: Dead = None, sequences: bool = True
-) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:
+    spec: StageSpec, batches: Iterator[Any], dead: Dead = None, sequences: bool = True, values_only: bool = False
+) -> Iterator[tuple[str, list[Any]]]:
     """Group rows Spark keyed and sorted (`ColumnKey`) into `(key, [(seq, value)])` runs.
 
     Input batches: `id` (`monotonically_increasing_id`), then the source's columns,
@@ -251,10 +257,12 @@ def column_key_runs(
     resulting items, still grouped by key, are cut into runs; a key's rows may span
     batches. With `dead` (a list), items those steps refuse go there (see `_apply_ops`).
     With `sequences=False` (the caller reads no sequences: a stage writing a sink's rows,
-    without a dead letter) every sequence is empty bytes.
+    without a dead letter) every sequence is empty bytes; with `values_only` (which implies
+    it) a run holds the key's values alone.
     """
     import pyarrow as pa
 
+    sequences = sequences and not values_only
     assert sequences or dead is None, "dead-letter entries need sequences"
     ck = spec.column_key
     assert ck is not None
@@ -273,7 +281,7 @@ def column_key_runs(
         except Exception as e:
             raise _fail(ck.source_step, e) from e
 
-    def columns() -> Iterator[tuple[Any, list[bytes], list[Any]]]:
+    def columns() -> Iterator[tuple[Any, Optional[list[bytes]], list[Any]]]:
         for b in batches:
             if not b.num_rows:
                 continue
@@ -287,7 +295,7 @@ def column_key_runs(
                     rows = rows_of(b)
                     vs = _mapped_values(value_fns, rows)
                 if vs is not None:  # else a mapper raised: the step-by-step path below raises its error
-                    yield keys, seqs, vs
+                    yield keys, None if values_only else seqs, vs
                     continue
             if rows is None:
                 rows = rows_of(b)
@@ -305,7 +313,11 @@ def column_key_runs(
             if items:
                 xs = list(map(_second, items))
                 ks = _checked_keys(key_for, xs)
-                yield pa.array(ks, pa.string()), list(map(_first, items)), list(map(_second, xs))
+                yield (
+                    pa.array(ks, pa.string()),
+                    None if values_only else list(map(_first, items)),
+                    list(map(_second, xs)),
+                )
 
     return _runs(columns())
 
@@ -331,7 +343,7 @@ def _mapped_values(fns: tuple[Callable[[Any], Any], ...], values: list[Any]) -> 
     return values
 
 
-def _one_to_one_line(spec: StageSpec) -> Optional[tuple[Callable[[list[Any]], Any], ...]]:
+def one_to_one_line(spec: StageSpec) -> Optional[tuple[Callable[[list[Any]], Any], ...]]:
     """The batch mappers from the stage's entry to its only port, or `None`.
 
     That is when the stage's steps are one line of one-to-one `map` steps (and redistributes).
@@ -348,7 +360,7 @@ def _one_to_one_line(spec: StageSpec) -> Optional[tuple[Callable[[list[Any]], An
     return tuple(fns) if len(spec.ports) == 1 and stream == spec.ports[0].stream else None
 
 
-def _through(fns: tuple[Callable[[list[Any]], Any], ...], xs: list[Any]) -> Optional[list[Any]]:
+def through(fns: tuple[Callable[[list[Any]], Any], ...], xs: list[Any]) -> Optional[list[Any]]:
     """`xs` through each one-to-one batch mapper in turn, or `None` when one raises or breaks its promise."""
     try:
         for fn in fns:
@@ -699,11 +711,11 @@ def stage_function(
                 schema=schema,
             )
 
-        line = _one_to_one_line(spec) if sink is not None else None
+        line = one_to_one_line(spec) if sink is not None else None
 
         def sink_batch(items: list[tuple[bytes, Any]]) -> Any:
             assert sink is not None
-            xs = _through(line, list(map(_second, items))) if line is not None else None
+            xs = through(line, list(map(_second, items))) if line is not None else None
             if xs is None:  # not a line of one-to-one steps, or a step raised: step by step, for its error
                 ps = stage_streams(spec, items).get(spec.ports[0].stream)
                 xs = list(map(_second, ps)) if ps else None

@@ -17,7 +17,7 @@ from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
 from flowspark.operators import StatefulLogic
 from flowspark.runtime.driver import drive_chain, drive_states, idx
-from flowspark.spark import run
+from flowspark.spark import SparkSink, SparkSource, compile_flow, run
 from flowspark.spark.codec import (
     SINGLES,
     apply_pad,
@@ -280,6 +280,84 @@ def test_the_bucket_call_on_bare_states_keeps_the_same_state_entries_and_emits()
             driver.process_runs({}, [("c", [(source_seq(0, 0, 0), "x")])], T0)  # int + str fails in the mapper
         errors.append(str(info.value))
     assert errors[0] == errors[1]
+
+
+def _seen_flow(source):
+    """`key_on` -> a `stateful_map` keeping the values seen (discarded at a 0) -> `map` to a dict."""
+    flow = Dataflow("f")
+
+    def seen(st, v):
+        if v["v"] < 0:
+            raise ValueError("negative")
+        st = [*(st or []), v["v"]] if v["v"] else None
+        return st, (st or [])[-3:]
+
+    k = op.key_on("key", op.input("inp", flow, source), lambda r: r["user"])
+    rows = op.map("row", op.stateful_map("seen", k, seen), lambda kv: {"user": kv[0], "last": kv[1]})
+    op.output("out", rows, SparkSink("parquet", "/nowhere", schema="user STRING, last ARRAY<LONG>"))
+    return compile_flow(flow)
+
+
+@pytest.mark.parametrize("column_key", [False, True])
+def test_a_flat_bucket_call_gives_the_same_state_entries_and_sink_rows(column_key):
+    """One `batch_fn` step writing a sink's rows (`BucketDriver.flat`) against the bare and the logic paths."""
+    import pandas as pd
+    import pyarrow as pa
+
+    plan = _seen_flow(
+        SparkSource("parquet", "/x", schema="user STRING, v LONG", streaming=True) if column_key else TestingSource([])
+    )
+    spec = next(st.spec for st in plan.stages if st.spec.chain)
+    schema = pa.schema([("user", pa.string()), ("last", pa.list_(pa.int64()))])
+    rows = [("a", 1), ("b", 2), ("a", 0), ("e", 9), ("a", 3), ("c", 4), ("b", 5), ("a", 6), ("e", 0)]
+
+    def frame_of(rows):  # a group's rows come in any order: sequences (row numbers) order each key's values
+        if column_key:
+            us, vs = [u for u, _ in rows], [v for _, v in rows]
+            pdf = pd.DataFrame({"_0": range(len(rows)), "user": us, "v": vs, "bucket": 0})
+        else:
+            vs = [dumps({"user": u, "v": v} if spec.input_value_only else (u, {"user": u, "v": v})) for u, v in rows]
+            pdf = pd.DataFrame(
+                {"k": [u for u, _ in rows], "seq": [source_seq(0, 0, 0, i) for i in range(len(rows))], "v": vs}
+            )
+        return pdf.iloc[::-1]
+
+    out, errors = {}, []
+    for path in ("flat", "bare", "logic"):
+        driver = BucketDriver(spec, sink_rows=("f.out", schema), timers=False, column_key=column_key)
+        assert driver.flat
+        assert driver.bare
+        driver.flat = path == "flat"
+        driver.bare = path != "logic"
+        table = {"b": ([([7],)], None), "d": ([([8],)], None), "e": ([([5],)], None)}
+        frame = driver.call(table, iter([frame_of(rows)]), T0)
+        out[path] = (sorted((r["user"], tuple(r["last"])) for r in frame.to_dict("records")), table)
+        with pytest.raises(RuntimeError) as info:
+            driver.call({}, iter([frame_of([("a", 1), ("b", -1)])]), T0)
+        errors.append(str(info.value))
+    assert out["flat"] == out["bare"] == out["logic"]
+    assert errors[0] == errors[1] == errors[2]
+    assert "step 'f.seen.stateful_batch' for key 'b': ValueError: negative" in errors[0]
+    got = out["flat"]
+    assert got[1] == {
+        "a": ([([3, 6],)], None),
+        "b": ([([7, 2, 5],)], None),
+        "c": ([([4],)], None),
+        "d": ([([8],)], None),
+    }
+    assert got[0] == sorted(
+        [
+            ("a", (1,)),
+            ("a", ()),
+            ("a", (3,)),
+            ("a", (3, 6)),
+            ("b", (7, 2)),
+            ("b", (7, 2, 5)),
+            ("c", (4,)),
+            ("e", (5, 9)),
+            ("e", ()),
+        ]
+    )
 
 
 def test_end_of_key_emits_sort_after_the_key_values_and_by_key():

@@ -37,7 +37,16 @@ from flowspark.runtime.driver import drive_chain, drive_states, idx
 from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.routing import Route, forward_frame
-from flowspark.spark.worker import column_key_runs, dead_rows, dict_rows, no_gc, run_stage_rows, stage_streams
+from flowspark.spark.worker import (
+    column_key_runs,
+    dead_rows,
+    dict_rows,
+    no_gc,
+    one_to_one_line,
+    run_stage_rows,
+    stage_streams,
+    through,
+)
 
 __all__ = ["LAYOUTS", "STATE_SCHEMA", "BucketDriver", "KeyTable", "LatestCounts", "dump_state"]
 
@@ -296,6 +305,17 @@ class BucketDriver:
         # Every step a function of its state (`stateful_map`) and no TTL: the keys' states are
         # driven bare, without building and snapshotting a logic object per key and call.
         self.bare = ttl is None and all(d.batch_fn is not None for d in self.drivers)
+        # One such step writing a sink's rows, no timers, routes or dead letter: each key's
+        # values are mapped as a list, and the sink's items built without sequences.
+        self.flat = (
+            self.bare
+            and len(self.drivers) == 1
+            and sink_rows is not None
+            and not timers
+            and route is None
+            and not spec.dead_letter
+        )
+        self.sink_line = one_to_one_line(spec) if sink_rows is not None else None
         self.depth_in = spec.depth_in
         self.clock = clock
         self.sink_rows = sink_rows
@@ -343,6 +363,30 @@ class BucketDriver:
         return snaps, at
 
     # -- one call -------------------------------------------------------------
+    def _row_runs(self, pdfs: Iterator[Any], values_only: bool = False) -> list[tuple[str, list[Any]]]:
+        """The per-key runs of a bucket's `(k, seq, v)` rows (see `process`); values alone with `values_only`."""
+        rows: list[tuple[str, bytes, bytes]] = []
+        for pdf in pdfs:
+            rows.extend(zip(pdf["k"].tolist(), pdf["seq"].tolist(), pdf["v"].tolist(), strict=True))
+        # Tick rows (key NULL, see pysource.TickDataSource) only make the micro-batch run.
+        rows = [r for r in rows if r[0] is not None]
+        return self._runs_of(rows, values_only)
+
+    def _runs_of(self, rows: list[tuple[str, bytes, bytes]], values_only: bool = False) -> list[tuple[str, list[Any]]]:
+        rows.sort(key=_key_seq)
+        keys = [r[0] for r in rows]
+        vals = loads_all([r[2] for r in rows])
+        if not self.spec.input_value_only:
+            vals = list(map(_second, vals))
+        seqs = None if values_only else [r[1] for r in rows]
+        runs: list[tuple[str, list[Any]]] = []
+        i = 0
+        for key, run in itertools.groupby(keys):
+            j = i + len(list(run))
+            runs.append((key, vals[i:j] if seqs is None else list(zip(seqs[i:j], vals[i:j], strict=True))))
+            i = j
+        return runs
+
     def process(self, table: Any, rows: list[tuple[str, bytes, bytes]], now: datetime) -> list[tuple[bytes, Any]]:
         """Process one bucket's rows of a micro-batch and its due notifications.
 
@@ -357,19 +401,7 @@ class BucketDriver:
         Raises:
             FlowsparkRuntimeError: A user callable failed.
         """
-        rows.sort(key=_key_seq)
-        keys = [r[0] for r in rows]
-        seqs = [r[1] for r in rows]
-        vals = loads_all([r[2] for r in rows])
-        if not self.spec.input_value_only:
-            vals = list(map(_second, vals))
-        runs: list[tuple[str, list[tuple[bytes, Any]]]] = []
-        i = 0
-        for key, run in itertools.groupby(keys):
-            j = i + len(list(run))
-            runs.append((key, list(zip(seqs[i:j], vals[i:j], strict=True))))
-            i = j
-        return self.process_runs(table, runs, now)
+        return self.process_runs(table, self._runs_of(rows), now)
 
     def process_runs(self, table: Any, runs: Any, now: datetime) -> list[tuple[bytes, Any]]:
         """Process one bucket's values of a micro-batch, as `(key, [(sequence, value)])` runs, then its due keys.
@@ -418,6 +450,21 @@ class BucketDriver:
             else:
                 pairs = zip(drivers, states, strict=True)
                 table[key] = ([None if st is None else (d.state_snapshot(key, st),) for d, st in pairs], None)
+
+    def _process_flat(self, table: Any, runs: Any) -> list[tuple[str, Any]]:
+        """`_process_bare` for one step (`flat`), on runs of values: the `(key, emit)` items, the same entries."""
+        d = self.drivers[0]
+        items: list[tuple[str, Any]] = []
+        for key, values in runs:
+            ent = table.get(key)
+            snap = ent[0][0] if ent else None
+            ws, state = d.map_state(key, values, None if snap is None else snap[0])
+            items.extend([(key, w) for w in ws])
+            if state is None:
+                table.pop(key, None)
+            else:
+                table[key] = ([(d.state_snapshot(key, state),)], None)
+        return items
 
     def _sweep(self, table: Any, now: datetime) -> None:
         """Drop the keys whose every step's state outlived the TTL (of the bucket's dict, or of its hot tier)."""
@@ -526,15 +573,13 @@ class BucketDriver:
         dead: Optional[list[tuple[bytes, Any]]] = [] if self.spec.dead_letter else None
         try:
             with use_clock(lambda: now), no_gc():
+                if self.flat:
+                    runs = self._column_runs(pdfs, values_only=True) if self.column_key else self._row_runs(pdfs, True)
+                    return self._sink_items_frame(self._process_flat(table, runs))
                 if self.column_key:
                     emits = self.process_runs(table, self._column_runs(pdfs, dead), now)
                 else:
-                    rows: list[tuple[str, bytes, bytes]] = []
-                    for pdf in pdfs:
-                        rows.extend(zip(pdf["k"].tolist(), pdf["seq"].tolist(), pdf["v"].tolist(), strict=True))
-                    # Tick rows (key NULL, see pysource.TickDataSource) only make the micro-batch run.
-                    rows = [r for r in rows if r[0] is not None]
-                    emits = self.process(table, rows, now)
+                    emits = self.process_runs(table, self._row_runs(pdfs), now)
                 if self.sink_rows is not None:
                     return self._sink_frame(emits)
                 cols = run_stage_rows(self.spec, emits)
@@ -548,9 +593,12 @@ class BucketDriver:
         return pd.DataFrame({"p": ps, "k": cols[1], "seq": cols[2], "v": cols[3]})
 
     def _column_runs(
-        self, pdfs: Iterator[Any], dead: Optional[list[tuple[bytes, Any]]] = None
-    ) -> list[tuple[str, list[tuple[bytes, Any]]]]:
-        """The per-key runs of a bucket's source rows keyed by Spark (see `column_key`); `dead` as in `_apply_ops`."""
+        self, pdfs: Iterator[Any], dead: Optional[list[tuple[bytes, Any]]] = None, values_only: bool = False
+    ) -> list[tuple[str, list[Any]]]:
+        """The per-key runs of a bucket's source rows keyed by Spark (see `column_key`).
+
+        `dead` as in `_apply_ops`; `values_only` as in `column_key_runs`.
+        """
         import pandas as pd
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -575,13 +623,21 @@ class BucketDriver:
         # A sink's rows are written in any order: their runs need no sequences (the ids above
         # still order each key's values).
         ordered = self.sink_rows is None or dead is not None
-        return list(column_key_runs(self.spec, iter(table.combine_chunks().to_batches()), dead, sequences=ordered))
+        batches = iter(table.combine_chunks().to_batches())
+        return list(column_key_runs(self.spec, batches, dead, sequences=ordered, values_only=values_only))
 
     def _sink_frame(self, emits: list[tuple[bytes, Any]]) -> Any:
         """The stage's items as rows of the lone file sink's schema (see `sink_rows`)."""
+        return self._sink_items_frame([x for _s, x in emits])
+
+    def _sink_items_frame(self, chain_items: list[Any]) -> Any:
+        """`_sink_frame` of the chain's emitted items."""
         assert self.sink_rows is not None
         step_id, arrow_schema = self.sink_rows
-        items = [x for _s, x in stage_streams(self.spec, emits).get(self.spec.ports[0].stream, ())]
+        items = through(self.sink_line, chain_items) if self.sink_line is not None else None
+        if items is None:  # not a line of one-to-one steps, or a step raised: step by step, for its error
+            pairs = stage_streams(self.spec, [(b"", x) for x in chain_items]).get(self.spec.ports[0].stream, ())
+            items = [x for _s, x in pairs]
         return sink_frame(dict_rows(step_id, items, arrow_schema), items) if items else None
 
     def pandas_function(self) -> Callable[[Any, Iterator[Any], Any], Iterator[Any]]:
