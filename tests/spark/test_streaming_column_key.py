@@ -11,6 +11,7 @@ import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError
 from flowspark.spark.inputs import SparkSource
+from flowspark.spark.outputs import SparkSink
 from flowspark.testing import TestingSink, TestingSource, per_key, run_main
 
 pytestmark = [pytest.mark.spark]
@@ -55,7 +56,8 @@ def test_spark_keys_a_file_stream_and_results_equal_in_memory(spark, tmp_path, l
     assert per_key(streamed) == per_key(local)
     assert len(streamed) == sum(1 for r in ROWS if r["n"] != 0)
     keyed = sr.plan.stages[1]
-    assert "(stage0's rows, numbered by an Arrow pass) -> groupBy(pmod(hash(user), 64))" in sr.lowering.stage(keyed)
+    assert "(stage0's rows, numbered by an Arrow pass, or for a parquet file stream" in sr.lowering.stage(keyed)
+    assert "-> groupBy(pmod(hash(user), 64))" in sr.lowering.stage(keyed)
 
 
 def test_spark_keyed_stream_with_timers_and_a_restart(spark, tmp_path):
@@ -100,3 +102,43 @@ def test_a_null_key_in_a_spark_keyed_stream_names_the_step(spark, tmp_path):
     src = SparkSource("parquet", src_dir, schema="user STRING, n LONG, pos LONG", streaming=True)
     with pytest.raises(FlowsparkRuntimeError, match=r"step .ck_stream\.key.: key function must return a str"):
         run(_sum_flow(src, []), spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", progress=False)
+
+
+def _seen_flow(src, out_dir: str) -> Dataflow:
+    """One `stateful_map` (the positions seen, in the order it got them) into a `SparkSink`: a `flat` stage."""
+    flow = Dataflow("seen")
+    keyed = op.key_on("key", op.input("inp", flow, src), lambda r: r["user"])
+    seen = op.stateful_map("seen", keyed, lambda st, r: (f"{st} {r['pos']}" if st else str(r["pos"]),) * 2)
+    rows = op.map("row", seen, lambda kv: {"user": kv[0], "seen": kv[1]})
+    op.output("out", rows, SparkSink("parquet", out_dir, schema="user STRING, seen STRING"))
+    return flow
+
+
+@pytest.mark.parametrize("per_trigger", [1, None])
+def test_a_parquet_stream_into_a_one_step_sink_is_ordered_by_file_and_row(spark, tmp_path, per_trigger):
+    """Spark's file and row index order each key's rows (no numbering pass); each file's rows keep their order."""
+    from flowspark.spark import run
+
+    src_dir, out_dir = str(tmp_path / "in"), str(tmp_path / "out")
+    _write(spark, src_dir, ROWS, 3)
+    options = {"maxFilesPerTrigger": str(per_trigger)} if per_trigger else {}
+    src = SparkSource("parquet", src_dir, schema="user STRING, n LONG, pos LONG", options=options, streaming=True)
+    opts = {"spark": spark, "checkpoint": str(tmp_path / "chk"), "trigger": "available_now", "progress": False}
+    sr = run(_seen_flow(src, out_dir), **opts)
+    assert sr is not None
+    assert sr.lowered == {1: "Spark keys on column 'user'; each key's rows ordered by their file and row index"}
+    final = {}
+    for r in spark.read.parquet(out_dir).collect():
+        seen = [int(p) for p in r.seen.split()]
+        if len(seen) > len(final.get(r.user, [])):
+            final[r.user] = seen
+    files = [ROWS[i * 20 : (i + 1) * 20] for i in range(3)]
+    for user, seen in final.items():
+        blocks = [[r["pos"] for r in f if r["user"] == user] for f in files]
+        if per_trigger:  # a file per micro-batch: the source's order
+            assert seen == [p for b in blocks for p in b]
+        else:  # one micro-batch: each file's rows in order, the files in some order
+            assert sorted(seen) == sorted(p for b in blocks for p in b)
+            runs = [seen[i : i + len(b)] for i in range(len(seen)) for b in blocks if b and seen[i] == b[0]]
+            assert sorted(map(tuple, runs)) == sorted(tuple(b) for b in blocks if b)
+    assert set(final) == {r["user"] for r in ROWS}

@@ -64,9 +64,11 @@ from flowspark.spark.streaming.routing import (
     routes,
 )
 from flowspark.spark.streaming.state import (
+    FILE_COLUMN,
     HOT_PER_BUCKET,
     ID_COLUMN,
     LAYOUTS,
+    ROW_COLUMN,
     STATE_SCHEMA,
     BucketDriver,
     LatestCounts,
@@ -197,7 +199,9 @@ class Lowering:
             if ck is not None:
                 col = ck.column
                 return (
-                    f"(stage{ck.source_stage}'s rows, numbered by an Arrow pass{tick}) -> groupBy(pmod(hash({col}), "
+                    f"(stage{ck.source_stage}'s rows, numbered by an Arrow pass{tick}, or for a parquet file "
+                    "stream into a sink written by one stateful_map, by the file and row index Spark reads) "
+                    f"-> groupBy(pmod(hash({col}), "
                     f"{self.buckets})).{self.keyed_op()}, running stage {ck.source_stage}'s steps on row dicts; "
                     f"when {col!r} is not a plain string column (or the checkpoint started otherwise): "
                     f"({st.union()}{tick}) -> groupBy(pmod(hash(k), {self.buckets}))"
@@ -240,6 +244,24 @@ def _per_call_stage(
         yield from stage_function(spec, now)(batches)
 
     return fn
+
+
+def _file_rows(df: Any) -> bool:
+    """Whether Spark gives `df`'s rows their file and row index (`_metadata`: a parquet file stream).
+
+    A stage writing a sink with one `stateful_map` (`BucketDriver.flat`) needs only each key's
+    rows in order, not sequences: those two numbers, computed by Spark, order them without the
+    Arrow pass that numbers the rows (`_number_rows`). The order among a micro-batch's files is
+    that of their paths' `xxhash64` (the pass's is Spark's packing of files into partitions):
+    each file's rows stay in order, as a replayed micro-batch gives them again.
+    """
+    if "_metadata" in df.columns:
+        return False  # a column of the user's own shadows Spark's
+    try:
+        fields = df.select("_metadata.file_path", "_metadata.row_index").schema.fields
+    except Exception:  # noqa: BLE001 - no such metadata (not a file source, or not parquet)
+        return False
+    return [f.name for f in fields] == ["file_path", "row_index"]
 
 
 def _number_rows(batches: Iterator[Any]) -> Iterator[Any]:
@@ -371,14 +393,12 @@ class StreamingRun:
         )
         return self.spark.readStream.format(pysource.FORMAT).options(**opts).load()
 
-    def _keyed(self, df: Any, spec: StageSpec, route: Optional[Route] = None, column_key: bool = False) -> Any:
-        """Lower a keyed stage over `df` (with a `bucket` column) to the stateful operator."""
-        sink_rows = self._fused_sink(spec) if route is None else None
-        out_schema = _ROW_SCHEMA if sink_rows is None else self._sink_struct
-        driver = BucketDriver(
+    def _driver(self, spec: StageSpec, route: Optional[Route] = None, column_key: bool = False) -> BucketDriver:
+        """The bucket driver of a keyed stage."""
+        return BucketDriver(
             spec,
             self.clock,
-            sink_rows,
+            self._fused_sink(spec) if route is None else None,
             self.timers,
             route,
             self.buckets,
@@ -386,6 +406,18 @@ class StreamingRun:
             self._state_counts(),
             column_key,
         )
+
+    def _keyed(
+        self,
+        df: Any,
+        spec: StageSpec,
+        route: Optional[Route] = None,
+        column_key: bool = False,
+        driver: Optional[BucketDriver] = None,
+    ) -> Any:
+        """Lower a keyed stage over `df` (with a `bucket` column) to the stateful operator."""
+        driver = driver or self._driver(spec, route, column_key)
+        out_schema = _ROW_SCHEMA if driver.sink_rows is None else self._sink_struct
         if self.layout == "key":
             # Always processing time: Spark's TTL of the per-key rows (state_ttl) needs it, and
             # a checkpoint's time mode cannot change between runs.
@@ -535,8 +567,11 @@ class StreamingRun:
             return {}
         return keyed
 
-    def _column_key_input(self, spec: StageSpec, df: Any) -> Any:
-        """The source's rows numbered (`ID_COLUMN`) and bucketed on the key column, plus ticks with timers."""
+    def _column_key_input(self, spec: StageSpec, df: Any, file_order: bool = False) -> Any:
+        """The source's rows numbered (`ID_COLUMN`) and bucketed on the key column, plus ticks with timers.
+
+        With `file_order`, numbered by Spark instead: `FILE_COLUMN` and `ROW_COLUMN` (see `_file_order`).
+        """
         from pyspark.sql import functions as F  # noqa: N812
 
         ck = spec.column_key
@@ -544,6 +579,14 @@ class StreamingRun:
         from pyspark.sql.types import LongType, StructField, StructType
 
         key = F.col("`" + ck.column.replace("`", "``") + "`")
+        if file_order:
+            assert not self.timers, "a file-ordered stage has no ticks"
+            df = df.select(
+                F.xxhash64(F.col("_metadata.file_path")).alias(FILE_COLUMN),
+                F.col("_metadata.row_index").alias(ROW_COLUMN),
+                "*",
+            )
+            return df.withColumn("bucket", F.pmod(F.hash(key), F.lit(self.buckets)))
         # Spark refuses monotonically_increasing_id() on streams: the same number is added by
         # an Arrow pass-through (no row objects), so the keyed stage can order each key's rows.
         numbered = StructType([StructField(ID_COLUMN, LongType(), False), *df.schema.fields])
@@ -566,7 +609,13 @@ class StreamingRun:
             if st.kind == "source" and spec.stage_id in skipped:
                 continue  # its rows go straight to the keyed stage
             if spec.stage_id in spark_keyed:
-                df = self._keyed(self._column_key_input(spec, spark_keyed[spec.stage_id]), spec, column_key=True)
+                src = spark_keyed[spec.stage_id]
+                driver = self._driver(spec, column_key=True)
+                driver.file_order = driver.flat and _file_rows(src)
+                if driver.file_order:
+                    self.lowered[spec.stage_id] += "; each key's rows ordered by their file and row index"
+                df = self._column_key_input(spec, src, driver.file_order)
+                df = self._keyed(df, spec, column_key=True, driver=driver)
             elif st.kind == "source":
                 df = self._source_rows(st)
             else:

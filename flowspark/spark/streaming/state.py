@@ -54,6 +54,10 @@ __all__ = ["LAYOUTS", "STATE_SCHEMA", "BucketDriver", "KeyTable", "LatestCounts"
 STATE_SCHEMA = "blob binary"
 #: The row number Spark adds to a source's rows it keys itself (`BucketDriver.column_key`).
 ID_COLUMN = "__flowspark_id"
+#: Instead, for a parquet file stream feeding a `flat` stage: `xxhash64` of the row's file, then
+#: its index in the file (`_metadata`), both computed by Spark (`BucketDriver.file_order`).
+FILE_COLUMN = "__flowspark_file"
+ROW_COLUMN = "__flowspark_row"
 #: State layouts: see the module docstring.
 LAYOUTS = ("bucket", "key")
 #: Key layout: Spark's TTL of the per-key rows when the run has no `state_ttl` (see `key_processor`).
@@ -280,6 +284,8 @@ class BucketDriver:
         column_key: The stage's input is its source's own rows, keyed by Spark
             (`spec.column_key`): `ID_COLUMN` (`monotonically_increasing_id`), the source's
             columns and `bucket`; the call runs the source stage's steps on row dicts.
+            With `file_order` (set by the lowering, only for a `flat` stage) the number is
+            two columns instead: `FILE_COLUMN` and `ROW_COLUMN`, which order each key's rows.
     """
 
     def __init__(
@@ -316,6 +322,7 @@ class BucketDriver:
             and not spec.dead_letter
         )
         self.sink_line = one_to_one_line(spec) if sink_rows is not None else None
+        self.file_order = False
         self.depth_in = spec.depth_in
         self.clock = clock
         self.sink_rows = sink_rows
@@ -613,13 +620,21 @@ class BucketDriver:
         table = pa.Table.from_pandas(pdf, preserve_index=False, nthreads=1)
         # The number is the first column (transformWithStateInPandas hands it over as `_0`).
         # Renamed in Arrow: pandas' rename and drop copy the frame (8% of the stage, measured).
-        table = table.rename_columns([ID_COLUMN, *table.column_names[1:]]).drop_columns(["bucket"])
-        table = table.filter(pc.is_valid(table.column(ID_COLUMN)))  # tick rows have no number
-        if not table.num_rows:
-            return []
-        table = table.set_column(0, ID_COLUMN, table.column(0).cast(pa.int64()))
-        # Arrow orders strings by UTF-8 bytes: Python's order of str; null keys last.
-        table = table.take(pc.sort_indices(table, sort_keys=[(ck.column, "ascending"), (ID_COLUMN, "ascending")]))
+        if self.file_order:
+            assert values_only, "file order gives no sequences"
+            table = table.rename_columns([FILE_COLUMN, ROW_COLUMN, *table.column_names[2:]]).drop_columns(["bucket"])
+            order = [(ck.column, "ascending"), (FILE_COLUMN, "ascending"), (ROW_COLUMN, "ascending")]
+            table = table.take(pc.sort_indices(table, sort_keys=order)).drop_columns([ROW_COLUMN])
+            table = table.rename_columns([ID_COLUMN, *table.column_names[1:]])  # read by nobody (no sequences)
+        else:
+            table = table.rename_columns([ID_COLUMN, *table.column_names[1:]]).drop_columns(["bucket"])
+            table = table.filter(pc.is_valid(table.column(ID_COLUMN)))  # tick rows have no number
+            if not table.num_rows:
+                return []
+            table = table.set_column(0, ID_COLUMN, table.column(0).cast(pa.int64()))
+            # Arrow orders strings by UTF-8 bytes: Python's order of str; null keys last.
+            order = [(ck.column, "ascending"), (ID_COLUMN, "ascending")]
+            table = table.take(pc.sort_indices(table, sort_keys=order))
         # A sink's rows are written in any order: their runs need no sequences (the ids above
         # still order each key's values).
         ordered = self.sink_rows is None or dead is not None
