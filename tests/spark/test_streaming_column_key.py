@@ -114,8 +114,8 @@ def _seen_flow(src, out_dir: str) -> Dataflow:
     return flow
 
 
-@pytest.mark.parametrize("per_trigger", [1, None])
-def test_a_parquet_stream_into_a_one_step_sink_is_ordered_by_file_and_row(spark, tmp_path, per_trigger):
+@pytest.mark.parametrize(("per_trigger", "layout"), [(1, "bucket"), (None, "bucket"), (None, "key")])
+def test_a_parquet_stream_into_a_one_step_sink_is_ordered_by_file_and_row(spark, tmp_path, per_trigger, layout):
     """Spark's file and row index order each key's rows (no numbering pass); each file's rows keep their order."""
     from flowspark.spark import run
 
@@ -124,7 +124,7 @@ def test_a_parquet_stream_into_a_one_step_sink_is_ordered_by_file_and_row(spark,
     options = {"maxFilesPerTrigger": str(per_trigger)} if per_trigger else {}
     src = SparkSource("parquet", src_dir, schema="user STRING, n LONG, pos LONG", options=options, streaming=True)
     opts = {"spark": spark, "checkpoint": str(tmp_path / "chk"), "trigger": "available_now", "progress": False}
-    sr = run(_seen_flow(src, out_dir), **opts)
+    sr = run(_seen_flow(src, out_dir), state_layout=layout, **opts)
     assert sr is not None
     assert sr.lowered == {1: "Spark keys on column 'user'; each key's rows ordered by their file and row index"}
     final = {}
