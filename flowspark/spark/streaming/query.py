@@ -570,7 +570,7 @@ class StreamingRun:
     def _column_key_input(self, spec: StageSpec, df: Any, file_order: bool = False) -> Any:
         """The source's rows numbered (`ID_COLUMN`) and bucketed on the key column, plus ticks with timers.
 
-        With `file_order`, numbered by Spark instead: `FILE_COLUMN` and `ROW_COLUMN` (see `_file_order`).
+        With `file_order`, numbered by Spark instead: `FILE_COLUMN` and `ROW_COLUMN` (see `_file_rows`).
         """
         from pyspark.sql import functions as F  # noqa: N812
 
