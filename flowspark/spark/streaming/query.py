@@ -1003,6 +1003,10 @@ class _Listener:
         self.last_batch = -1
         #: Rows the query's sink reported since the outbox was last read (`_deliver_new`).
         self.sink_rows = 0
+        #: A micro-batch that read no rows reported its progress (all input read).
+        self.idle = False
+        #: Run ids whose termination was delivered.
+        self.ended_runs: set[str] = set()
         self.early: list[dict[str, Any]] = []  # events seen before the query object was known
 
     def started(self) -> None:
@@ -1030,7 +1034,21 @@ class _Listener:
             self.last_batch = max(self.last_batch, int(p.get("batchId", -1)))
             written = (p.get("sink") or {}).get("numOutputRows", -1)
             self.sink_rows += 1 if written is None or written < 0 else int(written)  # unknown counts as some
+            rows = p.get("numInputRows")
+            if rows is None:
+                rows = sum(int(src.get("numInputRows") or 0) for src in p.get("sources") or [])
+            if int(rows) == 0:
+                self.idle = True
             self.cond.notify_all()
+
+    def terminated(self, run_id: str) -> None:
+        with self.cond:
+            self.ended_runs.add(run_id)
+            self.cond.notify_all()
+
+    def ended(self, run_id: str) -> bool:
+        """Whether the termination of the query run `run_id` was delivered (call with `cond` held)."""
+        return run_id in self.ended_runs
 
     def drain(self, query: Any, timeout: float = 10.0) -> None:
         """Wait until the progress of the query's last micro-batch was delivered (events are asynchronous)."""
@@ -1043,51 +1061,47 @@ class _Listener:
                 self.cond.wait(0.05)
 
 
-def _make_listener(spark: Any, on_progress: Callable[[dict[str, Any]], None], name: str) -> Any:
+def _make_listener(spark: Any, lst: _Listener, name: str) -> Any:
+    """A Spark listener handing the progress of the queries named `name` and every termination to `lst`."""
     from pyspark.sql.streaming import StreamingQueryListener
 
     class L(StreamingQueryListener):
-        def __init__(self) -> None:
-            self.ended = threading.Condition()
-            self.ended_runs: set[str] = set()  # run ids whose termination was delivered
-
         def onQueryStarted(self, event: Any) -> None:  # noqa: N802
             pass
 
         def onQueryProgress(self, event: Any) -> None:  # noqa: N802
             p = json.loads(event.progress.json)
             if p.get("name") == name:
-                on_progress(p)
+                lst.progress(p)
 
         def onQueryIdle(self, event: Any) -> None:  # noqa: N802
             pass
 
         def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
-            with self.ended:
-                self.ended_runs.add(str(event.runId))
-                self.ended.notify_all()
+            lst.terminated(str(event.runId))
 
-    lst = L()
-    spark.streams.addListener(lst)
-    return lst
+    ours = L()
+    spark.streams.addListener(ours)
+    return ours
 
 
-def _remove_listeners(spark: Any, query: Any, ours: Any, theirs: Any) -> None:
+def _remove_listeners(spark: Any, query: Any, lst: _Listener, ours: Any, theirs: Any) -> None:
     """Remove this run's listeners; on Spark Connect only once the query's end was delivered.
 
     pyspark's Connect client can deadlock in `removeListener` (Spark 4.3, seen after a
     query failed): removing the last listener holds the listener bus's lock while it
     joins the event thread, which waits for that lock to post an event still in flight
     (the query's termination). So the removal waits (10 s at most) until that event has
-    reached `ours`; after it no event of this query can come.
+    reached `lst`; after it no event of this query can come.
     """
     if theirs is not None:
         spark.streams.removeListener(theirs)  # not the last listener: no join
     if query is not None and is_connect(spark):
         deadline = time.monotonic() + 10.0
-        with ours.ended:
-            while str(query.runId) not in ours.ended_runs and time.monotonic() < deadline:
-                ours.ended.wait(0.05)
+        run_id = str(query.runId)
+        with lst.cond:
+            while not lst.ended(run_id) and time.monotonic() < deadline:
+                lst.cond.wait(0.05)
     spark.streams.removeListener(ours)
 
 
@@ -1244,7 +1258,7 @@ def run_streaming(
         },
     )
     lst = _Listener(sr, show)
-    spark_listener = _make_listener(spark, lst.progress, f"flowspark_{plan.flow_id}")
+    spark_listener = _make_listener(spark, lst, f"flowspark_{plan.flow_id}")
     if listener is not None:
         spark.streams.addListener(listener)
     query = None
@@ -1256,7 +1270,7 @@ def run_streaming(
         if sr.connect:
             sr.deliver()  # the micro-batches committed since the last progress event
     finally:
-        _remove_listeners(spark, query, spark_listener, listener)
+        _remove_listeners(spark, query, lst, spark_listener, listener)
         sr.close_sinks()
     return sr
 
@@ -1277,17 +1291,6 @@ def _await(sr: StreamingRun, query: Any, seconds: float) -> None:
         query.awaitTermination(seconds)
     except Exception as e:  # noqa: BLE001
         _raise_query_error(sr, e)
-
-
-def _input_rows(progress: Any) -> int:
-    """A `StreamingQueryProgress`'s input rows (through Spark Connect, its `["numInputRows"]` is None)."""
-    n = progress["numInputRows"]
-    if n is None:
-        n = getattr(progress, "numInputRows", None)
-    if n is None:
-        sources = progress["sources"] or []
-        n = sum(int(src["numInputRows"]) for src in sources)
-    return int(n)
 
 
 def _deliver_new(sr: StreamingRun, query: Any, lst: _Listener, seen: list[int]) -> None:
@@ -1315,6 +1318,11 @@ def _deliver_new(sr: StreamingRun, query: Any, lst: _Listener, seen: list[int]) 
         raise
 
 
+def _slice(now: float, deadline: Optional[float], longest: float) -> float:
+    """Seconds to wait: `longest`, or less when `deadline` comes first."""
+    return longest if deadline is None else max(0.0, min(longest, deadline - now))
+
+
 def _wait(sr: StreamingRun, query: Any, lst: _Listener, trigger: Optional[str], timeout: Optional[float]) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     interrupted = False
@@ -1331,15 +1339,28 @@ def _wait(sr: StreamingRun, query: Any, lst: _Listener, trigger: Optional[str], 
         if trigger == "available_now":
             # With processing-time timeouts Spark runs no-data micro-batches forever, so the
             # query is stopped here: after the first micro-batch that read no rows (all data
-            # read; that batch also fired the notifications due in idle buckets).
-            while query.isActive and not interrupted:
-                last = query.lastProgress
-                if last is not None and _input_rows(last) == 0:
+            # read; that batch also fired the notifications due in idle buckets). Without
+            # timeouts the query ends by itself. The wait is on the listener's events (the
+            # query is not polled: each poll is a JVM call and a progress JSON, and on two
+            # cores the polling took about 1 s from a 10-micro-batch run); `isActive` is
+            # asked once a second in case an event never comes.
+            asked = time.monotonic()
+            run_id = str(query.runId)
+            while not interrupted:
+                now = time.monotonic()
+                if deadline is not None and now > deadline:
                     break
-                if deadline is not None and time.monotonic() > deadline:
-                    break
-                _await(sr, query, 0.05)
+                with lst.cond:
+                    if not (lst.idle or lst.ended(run_id)):
+                        lst.cond.wait(_slice(now, deadline, 0.5))
+                    done = lst.idle or lst.ended(run_id)
                 _deliver_new(sr, query, lst, seen)
+                if done:
+                    break
+                if time.monotonic() - asked >= 1.0:
+                    asked = time.monotonic()
+                    if not query.isActive:
+                        break
         else:
             while query.isActive and not interrupted:
                 if deadline is not None and time.monotonic() > deadline:

@@ -1,0 +1,118 @@
+"""`run`'s wait for an `available_now` query: on the listener's events, without polling the query."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from flowspark.spark.streaming.query import _Listener, _wait
+
+
+class _Query:
+    """A query that counts what the wait asks of it."""
+
+    def __init__(self) -> None:
+        self.runId = "run-1"  # noqa: N815 - pyspark's name
+        self.active = True
+        self.asked = 0  # isActive
+        self.polled = 0  # lastProgress, awaitTermination
+        self.stopped = False
+
+    @property
+    def isActive(self) -> bool:  # noqa: N802 - pyspark's name
+        self.asked += 1
+        return self.active
+
+    @property
+    def lastProgress(self) -> Any:  # noqa: N802 - pyspark's name
+        self.polled += 1
+        return None
+
+    @property
+    def status(self) -> dict:
+        return {"isTriggerActive": False}
+
+    def awaitTermination(self, seconds: float) -> None:  # noqa: N802 - pyspark's name
+        self.polled += 1
+        time.sleep(seconds)
+
+    def exception(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.active = False
+
+
+def _setup() -> tuple[Any, _Query, _Listener]:
+    query = _Query()
+    sr = SimpleNamespace(query=query, connect=False, _counts=None, batches=0)
+    return sr, query, _Listener(sr, None)  # type: ignore[arg-type]
+
+
+def _progress(batch: int, rows: int, run_id: str = "run-1") -> dict:
+    return {"runId": run_id, "batchId": batch, "numInputRows": rows, "sink": {"numOutputRows": rows}}
+
+
+def _later(delay: float, fn: Any) -> None:
+    threading.Timer(delay, fn).start()
+
+
+def test_the_wait_ends_at_the_first_micro_batch_that_read_no_rows_and_stops_the_query():
+    sr, query, lst = _setup()
+
+    def events() -> None:
+        lst.progress(_progress(0, 5))
+        lst.progress(_progress(0, 0, run_id="another-run"))  # not this query's: ignored
+        time.sleep(0.3)
+        lst.progress(_progress(1, 3))
+        time.sleep(0.3)
+        lst.progress(_progress(2, 0))
+
+    _later(0.05, events)
+    t0 = time.monotonic()
+    _wait(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
+    took = time.monotonic() - t0
+    assert 0.5 < took < 1.5, took  # it waited for batch 2, and returned soon after it
+    assert lst.last_batch == 2
+    assert query.stopped  # the query (timers: Spark would go on with no-data batches) was stopped
+    # Not polled: at most a check a second and the final ones; the stop reads lastProgress once.
+    assert query.asked <= 4
+    assert query.polled <= 1
+
+
+def test_the_wait_ends_when_the_querys_termination_is_delivered():
+    sr, query, lst = _setup()
+
+    def end() -> None:
+        lst.progress(_progress(0, 5))
+        query.active = False
+        lst.terminated("another-run")  # another query's end: ignored
+        time.sleep(0.3)
+        lst.terminated("run-1")
+
+    _later(0.05, end)
+    t0 = time.monotonic()
+    _wait(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
+    assert 0.3 < time.monotonic() - t0 < 1.2
+    assert not query.stopped  # it ended by itself
+    assert query.polled == 0
+
+
+def test_the_wait_asks_the_query_when_no_event_comes():
+    sr, query, lst = _setup()
+    _later(0.2, lambda: setattr(query, "active", False))  # ended, but its events were lost
+    t0 = time.monotonic()
+    _wait(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
+    assert time.monotonic() - t0 < 2.5
+    assert query.asked >= 1
+
+
+def test_the_wait_ends_at_its_timeout():
+    sr, query, lst = _setup()
+    t0 = time.monotonic()
+    _wait(sr, query, lst, "available_now", 0.3)
+    assert 0.25 < time.monotonic() - t0 < 1.0
+    assert query.stopped
