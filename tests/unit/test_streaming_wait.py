@@ -116,3 +116,42 @@ def test_the_wait_ends_at_its_timeout():
     _wait(sr, query, lst, "available_now", 0.3)
     assert 0.25 < time.monotonic() - t0 < 1.0
     assert query.stopped
+
+
+class _JString:
+    def __init__(self, s: str) -> None:
+        self.s = s
+
+    def toString(self) -> str:  # noqa: N802 - Java's name
+        return self.s
+
+
+class _JEvent:
+    """A JVM listener event as py4j shows it: only method calls."""
+
+    def __init__(self, progress: dict | None = None, run_id: str = "") -> None:
+        self._progress = progress
+        self._run_id = run_id
+
+    def progress(self) -> Any:
+        import json
+
+        return SimpleNamespace(json=lambda: json.dumps(self._progress))
+
+    def runId(self) -> _JString:  # noqa: N802 - Java's name
+        return _JString(self._run_id)
+
+
+def test_the_java_side_of_the_listener_hands_this_flows_progress_and_every_end_to_the_wait():
+    from flowspark.spark.streaming.query import _JavaListener
+
+    sr, query, lst = _setup()
+    java = _JavaListener(lst, "flowspark_f")
+    java.onQueryProgress(_JEvent({**_progress(0, 7), "name": "flowspark_f"}))
+    java.onQueryProgress(_JEvent({**_progress(1, 0), "name": "another_query"}))  # not ours
+    assert (lst.last_batch, lst.idle, lst.sink_rows) == (0, False, 7)
+    java.onQueryProgress(_JEvent({**_progress(1, 0), "name": "flowspark_f"}))
+    assert (lst.last_batch, lst.idle) == (1, True)
+    java.onQueryTerminated(_JEvent(run_id="run-1"))
+    with lst.cond:
+        assert lst.ended("run-1")
