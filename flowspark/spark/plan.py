@@ -154,11 +154,13 @@ class StageSpec:
     """What one Python pass of a stage does (shipped to the workers, pickled once per stage).
 
     `source`: how input rows become items: `rows` (k, seq, v rows of a previous
-    stage), `chunks` (pickled lists of items sent from the driver), `parts`
-    (source partitions to build and read), `native` (rows of a Spark DataFrame,
-    one dict per row). `entry` is the stream the input items (or, when `chain` is
-    not empty, the chain's emits) belong to. `input_value_only`: for a keyed stage,
-    whether its input rows carry only the value in `v` (see `Port.value_only`).
+    stage), `chunks` (pickled lists of items sent from the driver), `ordered_chunks`
+    (the same, each headed by its first item's position in the micro-batch instead of a
+    sequence: `pysource.stream_options(order=True)`), `parts` (source partitions to
+    build and read), `native` (rows of a Spark DataFrame, one dict per row). `entry` is
+    the stream the input items (or, when `chain` is not empty, the chain's emits) belong to.
+    `input_value_only`: for a keyed stage, whether its input rows carry only the value in
+    `v` (see `Port.value_only`).
     `depth_in`: for a keyed stage, the sequence length of its input stream.
     `column_key`: for a keyed stage, set when Spark can key its input (`ColumnKey`).
     `dead_letter`: the run has a dead letter: items a stateless step, a key check or a

@@ -59,6 +59,9 @@ _CHUNK = 5000
 _SCHEMA = "k string, seq binary, v binary"
 #: Rows of a fused source stage (the batch runtime's stage rows).
 STAGE_SCHEMA = "p int, k string, seq binary, v binary"
+#: Rows of a fused source stage read in order (`stream_options(order=True)`): `seq` is the
+#: item's position in its micro-batch's order of items.
+ORDER_SCHEMA = "p int, k string, seq long, v binary"
 
 
 def _first_activation(start: dict) -> int:
@@ -87,6 +90,25 @@ def _chunk_cuts(sizes: list[int], most: int) -> Iterator[tuple[int, int, int, in
             at += n
 
 
+def _order_bases(parts: list[tuple[int, list[int]]]) -> dict[tuple[int, int], int]:
+    """The position in a micro-batch of each source batch's first item, in sequence order.
+
+    Items are ordered by (activation, partition, offset in the source batch), as their
+    sequences sort; `parts` holds each read partition's index and its source batches' sizes.
+
+        >>> _order_bases([(0, [2, 3]), (1, [4])])
+        {(0, 0): 0, (0, 1): 2, (1, 0): 6}
+    """
+    firsts: dict[tuple[int, int], int] = {}
+    at = 0
+    for act in range(max((len(sizes) for _, sizes in parts), default=0)):
+        for pi, sizes in parts:
+            if act < len(sizes):
+                firsts[(act, pi)] = at
+                at += sizes[act]
+    return firsts
+
+
 def _enc(x: Any) -> str:
     return base64.b64encode(pickle.dumps(x, protocol=5)).decode("ascii")
 
@@ -104,6 +126,7 @@ def stream_options(
     stage: Optional[StageSpec] = None,
     clock: Optional[Callable[[], datetime]] = None,
     tasks: int = 1,
+    order: bool = False,
 ) -> dict:
     """Options that make `spark.readStream.format(FORMAT)` read `source`.
 
@@ -118,13 +141,19 @@ def stream_options(
         tasks: Spark tasks to aim for per micro-batch (e.g. the default parallelism): each
             source partition's range is split into at most `tasks // partitions` tasks (at
             least one).
+        order: With a `stage` whose steps are all one-to-one `map`s (an item keeps its
+            sequence) read by a stage that needs only the items' order: `seq` is a `long`,
+            the item's position in the micro-batch in sequence order (`ORDER_SCHEMA`),
+            instead of the 20-byte sequence.
 
     Returns:
         Reader options.
     """
-    payload = (step_id, source, source_index, max_items, stage, clock, tasks)
+    assert not order or stage is not None
+    payload = (step_id, source, source_index, max_items, stage, clock, tasks, order)
     blob = base64.b64encode(cloudpickle.dumps(payload)).decode("ascii")
-    return {"flowspark.source": blob, "flowspark.fused": "1" if stage is not None else "0"}
+    fused = "2" if order else "1" if stage is not None else "0"
+    return {"flowspark.source": blob, "flowspark.fused": fused}
 
 
 def register(spark: Any, carry: Optional[bytes] = None) -> None:
@@ -162,7 +191,7 @@ class FlowsparkDataSource(DataSource):
         Returns:
             A DDL string.
         """
-        return STAGE_SCHEMA if self.options.get("flowspark.fused") == "1" else _SCHEMA
+        return {"1": STAGE_SCHEMA, "2": ORDER_SCHEMA}.get(self.options.get("flowspark.fused", "0"), _SCHEMA)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802
         """Build the stream reader.
@@ -186,8 +215,10 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         stage: Optional[StageSpec] = None,
         clock: Optional[Callable[[], datetime]] = None,
         tasks: int = 1,
+        order: bool = False,
     ):
         self.step_id = step_id
+        self.order = order
         self.source = source
         self.source_index = source_index
         self.max_items = max_items
@@ -289,6 +320,7 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         out: list[InputPartition] = []
         round0 = _first_activation(start)
+        read: list[tuple[int, list[Any], list[int]]] = []
         for pi, key in enumerate(self.keys):
             s = start.get(key) or {"snap": _enc(None), "n": 0, "eof": False}
             e = end.get(key, s)
@@ -298,9 +330,16 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             got = self.buf.pop((key, s["n"]), None)
             if got is None or len(got[0]) != count:
                 got = self._replay(key, s, count)
-            items, sizes = got
+            read.append((pi, *got))
+        firsts = _order_bases([(pi, sizes) for pi, _, sizes in read]) if self.order else {}
+        for pi, items, sizes in read:
             chunks = [
-                (source_seq(self.source_index, pi, round0 + act, off), dumps(items[at : at + n]))
+                (
+                    (firsts[(act, pi)] + off).to_bytes(8, "big")
+                    if self.order
+                    else source_seq(self.source_index, pi, round0 + act, off),
+                    dumps(items[at : at + n]),
+                )
                 for act, off, at, n in _chunk_cuts(sizes, _CHUNK)
             ]
             per_task = -(-len(chunks) // min(self.splits, len(chunks)))
@@ -337,6 +376,7 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.stage is None:
             yield from rows
             return
+        import numpy as np
         import pyarrow as pa
 
         batch = pa.RecordBatch.from_arrays(
@@ -344,7 +384,14 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             names=["k", "seq", "v"],
         )
         now = self.clock() if self.clock is not None else datetime.now(timezone.utc)
-        yield from stage_function(self.stage, now)(iter([batch]))
+        out = stage_function(self.stage, now)(iter([batch]))
+        if not self.order:
+            yield from out
+            return
+        for b in out:  # the stage's steps keep each item's 8-byte position: make it a long
+            seq = b.column(2)
+            at = np.frombuffer(b"".join(seq.to_pylist()), dtype=">i8").astype(np.int64)
+            yield b.set_column(2, pa.field("seq", pa.int64()), pa.array(at, pa.int64()))
 
     def commit(self, end: dict) -> None:
         for key in self.keys:

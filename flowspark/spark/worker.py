@@ -633,6 +633,16 @@ def _entry_items_from_source(spec: StageSpec, batch: Any, partition_id: int) -> 
         for head, blob in zip(seqs, blobs, strict=True):
             si, pi, act, off = read_head(head)
             yield source_items(si, pi, act, loads(blob), off, spec.per_batch)
+    elif src == "ordered_chunks":
+        # A chunk's header is its first item's position in the micro-batch (8 bytes, big
+        # endian); the others follow (see `pysource.stream_options(order=True)`).
+        import numpy as np
+
+        for head, blob in zip(batch.column(1).to_pylist(), batch.column(2).to_pylist(), strict=True):
+            xs = loads(blob)
+            first = int.from_bytes(head, "big")
+            buf = np.arange(first, first + len(xs), dtype=">u8").tobytes()
+            yield list(zip([buf[i : i + 8] for i in range(0, len(buf), 8)], xs, strict=True))
     elif src == "parts":
         seqs = batch.column(1).to_pylist()
         blobs = batch.column(2).to_pylist()

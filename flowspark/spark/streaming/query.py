@@ -368,8 +368,8 @@ class StreamingRun:
         df = self.dfs[stage].filter(F.col("p") == port)
         return df.select(F.col("k"), seq_column(pad).alias("seq"), F.col("v"))
 
-    def source_df(self, st: StagePlan) -> Any:
-        """Return the streaming DataFrame a source stage reads."""
+    def source_df(self, st: StagePlan, order: bool = False) -> Any:
+        """Return the streaming DataFrame a source stage reads (`order`: see `_ordered_sources`)."""
         spec = st.spec
         src = st.source
         if isinstance(src, SparkSource):
@@ -387,9 +387,11 @@ class StreamingRun:
             src,
             spec.source_index,
             self.max_items,
-            stage=dataclasses.replace(spec, source="chunks", per_batch=0),  # chunk rows, each of one source batch
+            # chunk rows, each of one source batch
+            stage=dataclasses.replace(spec, source="ordered_chunks" if order else "chunks", per_batch=0),
             clock=self.clock,
             tasks=default_parallelism(self.spark),
+            order=order,
         )
         return self.spark.readStream.format(pysource.FORMAT).options(**opts).load()
 
@@ -481,8 +483,8 @@ class StreamingRun:
             ticks = ticks.select(F.lit(TICK_ROUTE).cast("int").alias("p"), "k", "seq", "v")
         return ticks
 
-    def _source_rows(self, st: StagePlan) -> Any:
-        df = self.source_df(st)
+    def _source_rows(self, st: StagePlan, order: bool = False) -> Any:
+        df = self.source_df(st, order)
         if isinstance(st.source, SparkSource):
             df = df.mapInArrow(_per_call_stage(st.spec, self.clock), _ROW_SCHEMA)
         # else: the Python data source runs the source stage inside its read
@@ -567,6 +569,40 @@ class StreamingRun:
             return {}
         return keyed
 
+    def _ordered_sources(self, spark_keyed: dict[int, Any]) -> dict[int, BucketDriver]:
+        """The Python source stages read in order, each with the driver of the stage reading it.
+
+        A keyed stage that needs only its items' order, not their sequences (`BucketDriver.flat`),
+        reading the only port of a Python source stage whose steps are all one-to-one `map`s
+        (each item keeps its sequence) and which nothing else reads: the source's read numbers
+        the items of a micro-batch in sequence order (a `long` where the sequence is 20 bytes).
+        """
+        readers: dict[tuple[int, int], list[int]] = {}
+        for st in self.plan.stages:
+            for s, p, _pad in st.inputs:
+                readers.setdefault((s, p), []).append(st.spec.stage_id)
+        for sk in self.plan.sinks:
+            readers.setdefault(sk.port, []).append(-1)
+        out: dict[int, BucketDriver] = {}
+        for st in self.plan.stages:
+            spec = st.spec
+            if st.kind != "keyed" or spec.stage_id in spark_keyed or len(st.inputs) != 1 or st.inputs[0][2]:
+                continue
+            src = self.plan.stages[st.inputs[0][0]]
+            if (
+                src.kind != "source"
+                or isinstance(src.source, SparkSource)
+                or len(src.spec.ports) != 1
+                or readers.get((src.spec.stage_id, 0)) != [spec.stage_id]
+                or not all(o.kind == "map" and o.one_to_one for o in src.spec.ops)
+            ):
+                continue
+            driver = self._driver(spec)
+            if driver.flat:
+                out[src.spec.stage_id] = driver
+                self.lowered[spec.stage_id] = "its source numbers each micro-batch's items in order"
+        return out
+
     def _column_key_input(self, spec: StageSpec, df: Any, file_order: bool = False) -> Any:
         """The source's rows numbered (`ID_COLUMN`) and bucketed on the key column, plus ticks with timers.
 
@@ -604,6 +640,7 @@ class StreamingRun:
         self._use_rocksdb()
         spark_keyed = self.spark_keyed()
         skipped = {self.plan.stages[s].spec.column_key.source_stage for s in spark_keyed}  # type: ignore[union-attr]
+        ordered = self._ordered_sources(spark_keyed)
         for st in self.plan.stages:
             spec = st.spec
             if st.kind == "source" and spec.stage_id in skipped:
@@ -617,7 +654,7 @@ class StreamingRun:
                 df = self._column_key_input(spec, src, driver.file_order)
                 df = self._keyed(df, spec, column_key=True, driver=driver)
             elif st.kind == "source":
-                df = self._source_rows(st)
+                df = self._source_rows(st, spec.stage_id in ordered)
             else:
                 ins = [self.port_df(s, p, pad) for s, p, pad in st.inputs]
                 df = ins[0]
@@ -627,7 +664,7 @@ class StreamingRun:
                     if self.timers:
                         df = df.union(self._ticks(["k", "seq", "v"]))
                     df = df.withColumn("bucket", F.pmod(F.hash("k"), F.lit(self.buckets)))
-                    df = self._keyed(df, spec)
+                    df = self._keyed(df, spec, driver=ordered.get(st.inputs[0][0]))
                 else:
                     df = df.mapInArrow(_per_call_stage(spec, self.clock), _ROW_SCHEMA)
             if self.dead_dir is not None and not (st.kind == "keyed" and self._sink_fused_stage == spec.stage_id):
