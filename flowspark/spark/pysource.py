@@ -126,7 +126,6 @@ def stream_options(
     stage: Optional[StageSpec] = None,
     clock: Optional[Callable[[], datetime]] = None,
     tasks: int = 1,
-    order: bool = False,
 ) -> dict:
     """Options that make `spark.readStream.format(FORMAT)` read `source`.
 
@@ -141,15 +140,16 @@ def stream_options(
         tasks: Spark tasks to aim for per micro-batch (e.g. the default parallelism): each
             source partition's range is split into at most `tasks // partitions` tasks (at
             least one).
-        order: With a `stage` whose steps are all one-to-one `map`s (an item keeps its
-            sequence) read by a stage that needs only the items' order: `seq` is a `long`,
-            the item's position in the micro-batch in sequence order (`ORDER_SCHEMA`),
-            instead of the 20-byte sequence.
+
+    A `stage` of source `ordered_chunks` (its steps are all one-to-one `map`s, so an item
+    keeps its sequence, and its reader needs only the items' order) gets rows whose `seq` is
+    a `long`, the item's position in the micro-batch in sequence order (`ORDER_SCHEMA`),
+    instead of the 20-byte sequence.
 
     Returns:
         Reader options.
     """
-    assert not order or stage is not None
+    order = stage is not None and stage.source == "ordered_chunks"
     payload = (step_id, source, source_index, max_items, stage, clock, tasks, order)
     blob = base64.b64encode(cloudpickle.dumps(payload)).decode("ascii")
     fused = "2" if order else "1" if stage is not None else "0"

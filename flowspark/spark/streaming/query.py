@@ -391,7 +391,6 @@ class StreamingRun:
             stage=dataclasses.replace(spec, source="ordered_chunks" if order else "chunks", per_batch=0),
             clock=self.clock,
             tasks=default_parallelism(self.spark),
-            order=order,
         )
         return self.spark.readStream.format(pysource.FORMAT).options(**opts).load()
 
@@ -1115,7 +1114,11 @@ class _JavaListener:
         pass
 
     def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802
-        p = json.loads(jevent.progress().json())
+        self.progress_json(jevent.progress().json())
+
+    def progress_json(self, text: str) -> None:
+        """Hand a progress event's JSON to the listener when it is of a query named `name`."""
+        p = json.loads(text)
         if p.get("name") == self.name:
             self.lst.progress(p)
 
@@ -1137,14 +1140,14 @@ def _make_listener(spark: Any, lst: _Listener, name: str) -> Any:
     """
     from pyspark.sql.streaming import StreamingQueryListener
 
+    java = _JavaListener(lst, name)
+
     class L(StreamingQueryListener):
         def onQueryStarted(self, event: Any) -> None:  # noqa: N802
             pass
 
         def onQueryProgress(self, event: Any) -> None:  # noqa: N802
-            p = json.loads(event.progress.json)
-            if p.get("name") == name:
-                lst.progress(p)
+            java.progress_json(event.progress.json)
 
         def onQueryIdle(self, event: Any) -> None:  # noqa: N802
             pass
@@ -1157,7 +1160,7 @@ def _make_listener(spark: Any, lst: _Listener, name: str) -> Any:
             jl = self.__dict__.get("_lean")
             if jl is None:
                 jvm = spark.sparkContext._jvm  # noqa: SLF001
-                jl = self.__dict__["_lean"] = jvm.PythonStreamingQueryListenerWrapper(_JavaListener(lst, name))
+                jl = self.__dict__["_lean"] = jvm.PythonStreamingQueryListenerWrapper(java)
             return jl
 
     ours = L()
