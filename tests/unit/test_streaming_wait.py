@@ -52,35 +52,76 @@ def _setup() -> tuple[Any, _Query, _Listener]:
     return sr, query, _Listener(sr, None)  # type: ignore[arg-type]
 
 
-def _progress(batch: int, rows: int, run_id: str = "run-1") -> dict:
-    return {"runId": run_id, "batchId": batch, "numInputRows": rows, "sink": {"numOutputRows": rows}}
+def _progress(batch: int, rows: int, run_id: str = "run-1", moved: bool = True) -> dict:
+    """A progress event; `moved`: the source's offsets moved in this micro-batch (new input)."""
+    source = {"startOffset": {"logOffset": batch - 1}, "endOffset": {"logOffset": batch - (0 if moved else 1)}}
+    return {
+        "runId": run_id,
+        "batchId": batch,
+        "numInputRows": rows,
+        "sink": {"numOutputRows": rows},
+        "sources": [{**source, "numInputRows": rows}],
+    }
 
 
 def _later(delay: float, fn: Any) -> None:
     threading.Timer(delay, fn).start()
 
 
-def test_the_wait_ends_at_the_first_micro_batch_that_read_no_rows_and_stops_the_query():
+def test_the_wait_ends_at_the_first_micro_batch_whose_sources_stood_at_their_end_and_stops_the_query():
     sr, query, lst = _setup()
 
     def events() -> None:
         lst.progress(_progress(0, 5))
-        lst.progress(_progress(0, 0, run_id="another-run"))  # not this query's: ignored
+        lst.progress(_progress(0, 0, run_id="another-run", moved=False))  # not this query's: ignored
+        time.sleep(0.15)
+        lst.progress(_progress(1, 0))  # an empty file: no rows, but the offsets moved (more may follow)
+        time.sleep(0.15)
+        lst.progress(_progress(2, 3))
         time.sleep(0.3)
-        lst.progress(_progress(1, 3))
-        time.sleep(0.3)
-        lst.progress(_progress(2, 0))
+        lst.progress(_progress(3, 0, moved=False))
 
     _later(0.05, events)
     t0 = time.monotonic()
     _wait(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
     took = time.monotonic() - t0
-    assert 0.5 < took < 1.5, took  # it waited for batch 2, and returned soon after it
-    assert lst.last_batch == 2
+    assert 0.5 < took < 1.5, took  # it waited for batch 3, and returned soon after it
+    assert lst.last_batch == 3
     assert query.stopped  # the query (timers: Spark would go on with no-data batches) was stopped
     # Not polled: at most a check a second and the final ones; the stop reads lastProgress once.
     assert query.asked <= 4
     assert query.polled <= 1
+
+
+def test_a_replayed_first_micro_batch_with_old_offsets_does_not_end_the_wait():
+    # A restarted query first replays the previous run's unfinished no-data micro-batch:
+    # no rows and no offset moved, yet the files added since are still to be read.
+    sr, query, lst = _setup()
+
+    def events() -> None:
+        lst.progress(_progress(7, 0, moved=False))  # the replay
+        time.sleep(0.3)
+        lst.progress(_progress(8, 40))  # the new files
+        time.sleep(0.3)
+        lst.progress(_progress(9, 0, moved=False))
+
+    _later(0.05, events)
+    t0 = time.monotonic()
+    _wait(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
+    assert 0.5 < time.monotonic() - t0 < 1.5
+    assert lst.last_batch == 9
+    assert query.stopped
+
+
+def test_caught_up_needs_every_source_at_its_end():
+    from flowspark.spark.streaming.query import caught_up
+
+    tick = {"startOffset": {"t": 1}, "endOffset": {"t": 1}}
+    files = {"startOffset": {"logOffset": 2}, "endOffset": {"logOffset": 3}}
+    assert caught_up({"sources": [tick, {**files, "endOffset": {"logOffset": 2}}]})
+    assert not caught_up({"sources": [tick, files]})
+    assert not caught_up({"sources": [{"startOffset": None, "endOffset": {"t": 0}}]})  # a new query's first batch
+    assert not caught_up({"sources": []})
 
 
 def test_the_wait_ends_when_the_querys_termination_is_delivered():
@@ -148,10 +189,10 @@ def test_the_java_side_of_the_listener_hands_this_flows_progress_and_every_end_t
     sr, query, lst = _setup()
     java = _JavaListener(lst, "flowspark_f")
     java.onQueryProgress(_JEvent({**_progress(0, 7), "name": "flowspark_f"}))
-    java.onQueryProgress(_JEvent({**_progress(1, 0), "name": "another_query"}))  # not ours
-    assert (lst.last_batch, lst.idle, lst.sink_rows) == (0, False, 7)
-    java.onQueryProgress(_JEvent({**_progress(1, 0), "name": "flowspark_f"}))
-    assert (lst.last_batch, lst.idle) == (1, True)
+    java.onQueryProgress(_JEvent({**_progress(1, 0, moved=False), "name": "another_query"}))  # not ours
+    assert (lst.last_batch, lst.done, lst.sink_rows) == (0, False, 7)
+    java.onQueryProgress(_JEvent({**_progress(1, 0, moved=False), "name": "flowspark_f"}))
+    assert (lst.last_batch, lst.done) == (1, True)
     java.onQueryTerminated(_JEvent(run_id="run-1"))
     with lst.cond:
         assert lst.ended("run-1")

@@ -1029,6 +1029,24 @@ def _dict_rows(spark: Any, df: Any, step_id: str, schema: Any, dead_dir: Optiona
     return df.mapInArrow(fn, st)
 
 
+def caught_up(p: dict[str, Any]) -> bool:
+    """Whether a micro-batch's progress shows every source at the end of what it can read now.
+
+    Each source's `endOffset` equals its `startOffset`: Spark found no new input for any
+    source when it planned the batch, so with `available_now` every source has reached
+    the end offset it had when the query started (a batch runs only to fire timeouts).
+    A count of rows proves nothing: a batch that reads an empty file reads 0 rows, and a
+    restarted query first replays the previous run's unfinished micro-batch with its old
+    offsets; the caller therefore never takes a run's first micro-batch as the proof
+    (with timers the tick source moves in a new query's first batch, and without timers
+    Spark ends the query by itself).
+    """
+    sources = p.get("sources") or []
+    return bool(sources) and all(
+        s.get("startOffset") is not None and s.get("startOffset") == s.get("endOffset") for s in sources
+    )
+
+
 class _Listener:
     """Prints the progress line and counts finished micro-batches of this run's query."""
 
@@ -1039,8 +1057,10 @@ class _Listener:
         self.last_batch = -1
         #: Rows the query's sink reported since the outbox was last read (`_deliver_new`).
         self.sink_rows = 0
-        #: A micro-batch that read no rows reported its progress (all input read).
-        self.idle = False
+        #: A micro-batch of this run found every source at the end of its input (`caught_up`).
+        self.done = False
+        #: Progress events of this run's query handed over so far.
+        self.seen = 0
         #: Run ids whose termination was delivered.
         self.ended_runs: set[str] = set()
         self.early: list[dict[str, Any]] = []  # events seen before the query object was known
@@ -1070,11 +1090,9 @@ class _Listener:
             self.last_batch = max(self.last_batch, int(p.get("batchId", -1)))
             written = (p.get("sink") or {}).get("numOutputRows", -1)
             self.sink_rows += 1 if written is None or written < 0 else int(written)  # unknown counts as some
-            rows = p.get("numInputRows")
-            if rows is None:
-                rows = sum(int(src.get("numInputRows") or 0) for src in p.get("sources") or [])
-            if int(rows) == 0:
-                self.idle = True
+            if self.seen > 0 and caught_up(p):
+                self.done = True
+            self.seen += 1
             self.cond.notify_all()
 
     def terminated(self, run_id: str) -> None:
@@ -1421,9 +1439,10 @@ def _wait(sr: StreamingRun, query: Any, lst: _Listener, trigger: Optional[str], 
     try:
         if trigger == "available_now":
             # With processing-time timeouts Spark runs no-data micro-batches forever, so the
-            # query is stopped here: after the first micro-batch that read no rows (all data
-            # read; that batch also fired the notifications due in idle buckets). Without
-            # timeouts the query ends by itself. The wait is on the listener's events (the
+            # query is stopped here: after the first micro-batch of this run whose sources all
+            # stood at their end offsets (`caught_up`: everything available at the start was
+            # read and committed; that batch also fired the notifications due in idle
+            # buckets). Without timeouts the query ends by itself. The wait is on the listener's events (the
             # query is not polled: each poll is a JVM call and a progress JSON, and on two
             # cores the polling took about 1 s from a 10-micro-batch run); `isActive` is
             # asked once a second in case an event never comes.
@@ -1434,9 +1453,9 @@ def _wait(sr: StreamingRun, query: Any, lst: _Listener, trigger: Optional[str], 
                 if deadline is not None and now > deadline:
                     break
                 with lst.cond:
-                    if not (lst.idle or lst.ended(run_id)):
+                    if not (lst.done or lst.ended(run_id)):
                         lst.cond.wait(_slice(now, deadline, 0.5))
-                    done = lst.idle or lst.ended(run_id)
+                    done = lst.done or lst.ended(run_id)
                 _deliver_new(sr, query, lst, seen)
                 if done:
                     break
