@@ -21,8 +21,9 @@ def utc_now() -> datetime:
     """Return "now" (aware UTC) as the running runtime sees it; users call it `flowspark.now()`.
 
     Write it where a Bytewax logic writes `datetime.now(timezone.utc)`, e.g. to compute
-    what `notify_at()` returns. Outside a run it is the wall clock; inside one it follows
-    the clock the runtime injects: `run_main(clock="logical", start_time=t)` (starts at
+    what `notify_at()` returns. Outside a run it is the wall clock; in a stateful step's
+    logic (`on_item`, `on_batch`, `on_notify`, `on_eof`, `notify_at`) it follows the clock
+    the runtime injects: `run_main(clock="logical", start_time=t)` (starts at
     `t`, jumps to the next due notification when the flow is idle), `run_main(clock="fixed")`
     and a Spark batch job (one time for the whole run, `start_time`), a Spark streaming
     micro-batch (its processing time, or `flowspark.spark.run(..., clock=...)`), and a
