@@ -7,7 +7,7 @@ import re
 from datetime import timedelta
 from typing import Optional
 
-__all__ = ["IMPORT_HELP", "conf_pair", "parse_trigger", "trigger_arg", "ttl_arg", "ttl_seconds"]
+__all__ = ["IMPORT_HELP", "conf_pair", "parse_trigger", "positive_int", "trigger_arg", "ttl_arg", "ttl_seconds"]
 
 #: Help text of the IMPORT_STR argument of every command.
 IMPORT_HELP = (
@@ -36,6 +36,28 @@ def conf_pair(text: str) -> tuple[str, str]:
         msg = f"{text!r} is not key=value (e.g. spark.sql.shuffle.partitions=4)"
         raise argparse.ArgumentTypeError(msg)
     return key.strip(), value
+
+
+def positive_int(text: str) -> int:
+    """Parse a count argument such as `--buckets B` (a positive integer).
+
+    Args:
+        text: The argument.
+
+    Returns:
+        The count.
+
+    Raises:
+        argparse.ArgumentTypeError: Not a positive integer.
+    """
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        msg = f"expected a positive integer; received {text!r}"
+        raise argparse.ArgumentTypeError(msg)
+    return n
 
 
 def trigger_arg(text: str) -> str:

@@ -39,7 +39,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional
 
-from flowspark._args import conf_pair, parse_trigger, trigger_arg, ttl_seconds
+from flowspark._args import conf_pair, parse_trigger, positive_int, trigger_arg, ttl_seconds
 
 __all__ = ["build_parser", "main", "to_text"]
 
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--buckets",
-        type=int,
+        type=positive_int,
         metavar="B",
         help="streaming: state buckets (default 64; fixed for a checkpoint's lifetime)",
     )
@@ -147,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--master", default="local[1]", metavar="URL", help="Spark master for the physical plan")
     plan.add_argument(
-        "--buckets", type=int, default=64, metavar="B", help="streaming flows: state buckets (default 64)"
+        "--buckets", type=positive_int, default=64, metavar="B", help="streaming flows: state buckets (default 64)"
     )
     plan.add_argument(
         "--state-layout", choices=["bucket", "key"], default="bucket", help="streaming flows: state layout"
@@ -433,6 +433,8 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
     Raises:
         CliError: `--checkpoint` is missing for an unbounded flow, or
             `--checkpoint`/`--trigger` were given for a bounded one.
+        RecoveryError: The checkpoint was written by another flow, bucket count or
+            state layout (checked before a SparkSession starts).
     """
     if not unbounded:
         msg = (
@@ -451,15 +453,20 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
     if args.trigger is not None:
         kind, secs = parse_trigger(args.trigger)
         trigger = "available_now" if kind == "available_now" else f"{round((secs or 0) * 1000)} milliseconds"
+    from flowspark._paths import is_local
+    from flowspark.spark.api import check_streaming
     from flowspark.spark.session import open_session
     from flowspark.spark.streaming import run_streaming as _run
 
+    plain = is_local(args.checkpoint, ("",))  # a path, not a URI
+    checkpoint = str(Path(args.checkpoint).resolve()) if plain else args.checkpoint
+    check_streaming(flow, checkpoint, args.buckets, args.state_layout)  # before a session starts
     spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}", remote=args.remote)
     progress: Any = False if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
     _run(
         flow,
         spark=spark,
-        checkpoint=str(Path(args.checkpoint).resolve()),
+        checkpoint=checkpoint,
         trigger=trigger,
         progress=progress,
         explain=args.explain,

@@ -79,7 +79,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     Args:
         parser: The sub-command's parser.
     """
-    from flowspark._args import conf_pair, trigger_arg
+    from flowspark._args import conf_pair, positive_int, trigger_arg
 
     parser.add_argument("--master", required=True, metavar="URL", help="Spark master, e.g. spark://HOST:7077")
     parser.add_argument(
@@ -104,7 +104,9 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--checkpoint", metavar="DIR", help="streaming checkpoint directory (passed to the driver)")
     parser.add_argument("--trigger", type=trigger_arg, metavar="T", help="streaming trigger (passed to the driver)")
     parser.add_argument("--timeout", type=float, metavar="SECS", help="streaming: stop after SECS seconds")
-    parser.add_argument("--buckets", type=int, metavar="B", help="streaming: state buckets (passed to the driver)")
+    parser.add_argument(
+        "--buckets", type=positive_int, metavar="B", help="streaming: state buckets (passed to the driver)"
+    )
     parser.add_argument(
         "--work-dir", metavar="DIR", help="where to write the zip, driver and log (default: a new temp dir)"
     )

@@ -7,9 +7,19 @@ from typing import Any, Optional
 from flowspark.errors import FlowsparkTypeError
 from flowspark.spark.batch import run_plan
 from flowspark.spark.compiler import as_graph, compile_flow
-from flowspark.spark.streaming.query import StreamingRun, run_streaming
+from flowspark.spark.plan import Plan
+from flowspark.spark.streaming.checkpoint import check_recorded
+from flowspark.spark.streaming.ckfs import is_local
+from flowspark.spark.streaming.query import (
+    DEFAULT_BUCKETS,
+    StreamingRun,
+    compile_streaming,
+    needs_timers,
+    run_streaming,
+)
+from flowspark.spark.streaming.state import LAYOUTS
 
-__all__ = ["run"]
+__all__ = ["check_streaming", "run"]
 
 
 def run(
@@ -49,3 +59,35 @@ def run(
         raise FlowsparkTypeError(msg)
     run_plan(plan, spark=spark, **options)
     return None
+
+
+def check_streaming(
+    flow: Any, checkpoint: str, buckets: Optional[int] = None, state_layout: Optional[str] = None
+) -> Plan:
+    """Make the checks of a streaming run that need no SparkSession, before one starts.
+
+    Compiles the flow for a streaming query and compares the run's choices with a local
+    checkpoint's `flowspark.json` without writing it (`run_streaming` records them when
+    the query starts). A checkpoint on another file system is checked by `run_streaming`,
+    through Spark's file systems.
+
+    Args:
+        flow: The `Dataflow`.
+        checkpoint: The checkpoint directory.
+        buckets: The bucket count asked for (`None`: the default).
+        state_layout: The state layout asked for (`None`: the checkpoint's).
+
+    Returns:
+        The compiled plan.
+
+    Raises:
+        FlowsparkCompileError: The flow cannot run as a streaming query.
+        RecoveryError: The checkpoint belongs to another flow, bucket count or state layout,
+            or to a query without timers while this flow needs them.
+    """
+    plan = compile_streaming(flow)
+    if is_local(checkpoint):
+        steps = [ks.step_id for ks in plan.keyed_steps()]
+        n = DEFAULT_BUCKETS if buckets is None else buckets
+        check_recorded(checkpoint, plan.flow_id, n, steps, needs_timers(plan), state_layout, LAYOUTS)
+    return plan

@@ -98,3 +98,91 @@ def test_operator_anchors_resolve():
     anchors = {re.sub(r"[^\w-]", "", h.lower()) for h in re.findall(r"^### `([^`]+)`", text, flags=re.M)}
     for link in re.findall(r"\]\(#([\w-]+)\)", text):
         assert link in anchors, link
+
+
+# -- docs/deployment.md: the command line ------------------------------------------------------------
+
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+#: Flags docs/deployment.md shows for other programs' commands: spark-class's Master and Worker
+#: (`--host`, `--port`, `--cores`, `--memory`), start-connect-server.sh (`--wait`), spark-submit (`--class`).
+_FOREIGN_FLAGS = {"--host", "--port", "--cores", "--memory", "--wait", "--class"}
+
+
+def _cli_flags():
+    """`{command: {long flag, ...}}` of every `flowspark` subcommand, and `""` for the global flags."""
+    import argparse
+
+    from flowspark.cli import build_parser
+
+    def longs(parser):
+        return {o for a in parser._actions for o in a.option_strings if o.startswith("--") and o != "--help"}
+
+    parser = build_parser()
+    out = {"": longs(parser)}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            out.update({name: longs(sub) for name, sub in action.choices.items()})
+    return out
+
+
+def _flag_problems(text, commands):
+    """What docs/deployment.md's `text` gets wrong about the flags of `commands` (empty: nothing)."""
+    from flowspark.run import build_parser as run_parser
+
+    problems = []
+    sections = dict(re.findall(r"^### `flowspark (\w+)[^`]*`\n(.*?)(?=^#)", text, flags=re.M | re.S))
+    for command, flags in commands.items():
+        if not command:
+            continue
+        if command not in sections:
+            problems.append(f"no section `### flowspark {command} ...`")
+            continue
+        documented = set(_FLAG.findall(sections[command]))
+        problems += [f"{command} {f}: not in its section" for f in sorted(flags - documented)]
+        problems += [f"{command} {f}: documented, but {command} has no such flag" for f in sorted(documented - flags)]
+    known = set().union(*commands.values(), _FOREIGN_FLAGS)
+    known |= {o for a in run_parser()._actions for o in a.option_strings}  # python -m flowspark.run
+    problems += [f"{f}: mentioned, but no command has it" for f in sorted(set(_FLAG.findall(text)) - known)]
+    return problems
+
+
+def test_every_cli_flag_is_documented():
+    assert _flag_problems((DOCS / "deployment.md").read_text(), _cli_flags()) == []
+
+
+def test_flag_check_finds_a_missing_and_an_unknown_flag():
+    text = (DOCS / "deployment.md").read_text()
+    commands = _cli_flags()
+    more = {**commands, "state": commands["state"] | {"--since"}}
+    assert _flag_problems(text, more) == ["state --since: not in its section"]
+    wrong = text.replace("| `--batch-id N` |", "| `--batch N` |")
+    assert _flag_problems(wrong, commands) == [
+        "state --batch-id: not in its section",
+        "state --batch: documented, but state has no such flag",
+        "--batch: mentioned, but no command has it",
+    ]
+
+
+def test_plan_excerpt_matches_the_command(capsys, monkeypatch):
+    """docs/deployment.md shows what `flowspark plan examples/running_total.py --spark` prints before Spark's plans."""
+    pytest.importorskip("pyspark")
+    import sys
+
+    from flowspark.cli import main
+
+    text = (DOCS / "deployment.md").read_text()
+    excerpt = text.split("`flowspark plan examples/running_total.py --spark` prints (abridged):\n\n```\n")[1]
+    shown = excerpt.split("\n== stage")[0].splitlines()
+    monkeypatch.chdir(DOCS.parent)
+    monkeypatch.delitem(sys.modules, "running_total", raising=False)  # restored afterwards
+    assert main(["plan", "examples/running_total.py", "--spark", "--no-physical"]) == 0
+    assert capsys.readouterr().out.splitlines() == shown
+
+
+@pytest.mark.parametrize("page", ["concepts.md"])
+def test_python_examples_run(page):
+    """Every ```python block of the page runs as written (each is self-contained, with its asserts)."""
+    blocks = re.findall(r"^```python\n(.*?)^```", (DOCS / page).read_text(), flags=re.M | re.S)
+    assert blocks
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"{page} python block {i + 1}", "exec"), {"__name__": f"docs_{i}"})

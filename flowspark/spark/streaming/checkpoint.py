@@ -23,6 +23,7 @@ __all__ = [
     "check_flag",
     "check_layout",
     "check_meta",
+    "check_recorded",
     "load_counts",
     "pin_schema",
     "pinned_schemas",
@@ -47,31 +48,37 @@ def check_meta(checkpoint: str, flow_id: str, buckets: int, steps: list[str], ti
     path = join(checkpoint, META_FILE)
     meta = {"flow_id": flow_id, "buckets": buckets, "stateful_steps": steps, "timers": timers, "version": 1}
     if files(checkpoint).exists(path):
-        old = _read(path)
-        if old.get("flow_id") != flow_id or old.get("stateful_steps") != steps:
-            msg = (
-                f"checkpoint {checkpoint!r} belongs to dataflow {old.get('flow_id')!r} with stateful steps "
-                f"{old.get('stateful_steps')}; this is dataflow {flow_id!r} with {steps}; use another checkpoint "
-                "directory (or delete this one to start over)"
-            )
-            raise RecoveryError(msg)
-        if old.get("buckets") != buckets:
-            msg = (
-                f"checkpoint {checkpoint!r} was written with buckets={old.get('buckets')}; received "
-                f"buckets={buckets}; the bucket count is fixed for a checkpoint's lifetime (keys would land "
-                "in other buckets and lose their state): pass the old value or start a new checkpoint"
-            )
-            raise RecoveryError(msg)
-        old_timers = old.get("timers", True)
-        if timers and not old_timers:
-            msg = (
-                f"checkpoint {checkpoint!r} was written by a query without timers (no stateful step could ask "
-                "for a notification); this flow's stateful steps can; start a new checkpoint"
-            )
-            raise RecoveryError(msg)
-        return bool(old_timers)
+        return _check_recorded_meta(checkpoint, _read(path), flow_id, buckets, steps, timers)
     _write(path, meta)
     return timers
+
+
+def _check_recorded_meta(
+    checkpoint: str, old: dict[str, Any], flow_id: str, buckets: int, steps: list[str], timers: bool
+) -> bool:
+    """Refuse a run that does not fit the recorded `flowspark.json`; return the recorded timers choice."""
+    if old.get("flow_id") != flow_id or old.get("stateful_steps") != steps:
+        msg = (
+            f"checkpoint {checkpoint!r} belongs to dataflow {old.get('flow_id')!r} with stateful steps "
+            f"{old.get('stateful_steps')}; this is dataflow {flow_id!r} with {steps}; use another checkpoint "
+            "directory (or delete this one to start over)"
+        )
+        raise RecoveryError(msg)
+    if old.get("buckets") != buckets:
+        msg = (
+            f"checkpoint {checkpoint!r} was written with buckets={old.get('buckets')}; received "
+            f"buckets={buckets}; the bucket count is fixed for a checkpoint's lifetime (keys would land "
+            "in other buckets and lose their state): pass the old value or start a new checkpoint"
+        )
+        raise RecoveryError(msg)
+    old_timers = old.get("timers", True)
+    if timers and not old_timers:
+        msg = (
+            f"checkpoint {checkpoint!r} was written by a query without timers (no stateful step could ask "
+            "for a notification); this flow's stateful steps can; start a new checkpoint"
+        )
+        raise RecoveryError(msg)
+    return bool(old_timers)
 
 
 def check_layout(checkpoint: str, layout: Optional[str], layouts: tuple[str, ...]) -> str:
@@ -91,14 +98,26 @@ def check_layout(checkpoint: str, layout: Optional[str], layouts: tuple[str, ...
     """
     path = join(checkpoint, META_FILE)
     meta = _read(path)
-    recorded = meta.get("state_layout")
-    if recorded is None and files(checkpoint).exists(join(checkpoint, "query")):
-        recorded = layouts[0]  # a query ran before layouts were recorded: it used the bucket layout
-    if recorded is None or not files(checkpoint).exists(join(checkpoint, "query")):
+    recorded = _recorded_layout(checkpoint, meta, layouts)
+    if recorded is None:
         chosen = layout or layouts[0]
         meta["state_layout"] = chosen
         _write(path, meta)
         return chosen
+    _check_recorded_layout(checkpoint, recorded, layout)
+    return recorded
+
+
+def _recorded_layout(checkpoint: str, meta: dict[str, Any], layouts: tuple[str, ...]) -> Optional[str]:
+    """The layout a checkpoint's query ran with; `None` while no query ran (the layout is still free)."""
+    if not files(checkpoint).exists(join(checkpoint, "query")):
+        return None
+    recorded = meta.get("state_layout")
+    # a query that ran before layouts were recorded used the bucket layout
+    return layouts[0] if recorded is None else str(recorded)
+
+
+def _check_recorded_layout(checkpoint: str, recorded: str, layout: Optional[str]) -> None:
     if layout is not None and layout != recorded:
         msg = (
             f"checkpoint {checkpoint!r} keeps its state in the {recorded!r} layout; received "
@@ -106,7 +125,42 @@ def check_layout(checkpoint: str, layout: Optional[str], layouts: tuple[str, ...
             f"state_layout={recorded!r} (or leave it out), or start a new checkpoint directory"
         )
         raise RecoveryError(msg)
-    return str(recorded)
+
+
+def check_recorded(
+    checkpoint: str,
+    flow_id: str,
+    buckets: int,
+    steps: list[str],
+    timers: bool,
+    layout: Optional[str],
+    layouts: tuple[str, ...],
+) -> None:
+    """Refuse, without writing anything, what `check_meta` and `check_layout` would refuse.
+
+    For callers that check a run before starting a SparkSession (the `flowspark` command);
+    a checkpoint without `flowspark.json` passes (it is new).
+
+    Args:
+        checkpoint: The checkpoint directory.
+        flow_id: The flow's id.
+        buckets: The bucket count asked for.
+        steps: The flow's stateful step ids.
+        timers: Whether the flow needs timers.
+        layout: The state layout asked for, or `None`.
+        layouts: The known layouts, the default first.
+
+    Raises:
+        RecoveryError: The checkpoint belongs to another flow, bucket count, timers choice or layout.
+    """
+    path = join(checkpoint, META_FILE)
+    if not files(checkpoint).exists(path):
+        return
+    meta = _read(path)
+    _check_recorded_meta(checkpoint, meta, flow_id, buckets, steps, timers)
+    recorded = _recorded_layout(checkpoint, meta, layouts)
+    if recorded is not None:
+        _check_recorded_layout(checkpoint, recorded, layout)
 
 
 def check_flag(checkpoint: str, name: str, wanted: bool) -> bool:
