@@ -566,7 +566,7 @@ def _cmd_state(args: argparse.Namespace) -> int:
     keys = sorted(table) if args.key is None else [k for k in (args.key,) if k in table]
     records = []
     for key in keys:
-        snaps, notify_at = table[key]
+        snaps, notify_at = table[key][:2]  # (snapshots, notify_at[, run]): see BucketDriver
         for i in picked:
             if snaps[i] is None:
                 continue

@@ -17,6 +17,8 @@ FlowsparkError
 │   │                                             (alias: BytewaxRuntimeError)
 │   └── FlowsparkRuntimeTypeError (+ TypeError)  ... and the cause is a TypeError
 │                                                 (e.g. a non-str key before a stateful step)
+│                                                 (`resumed_error`: the same classes, for a key
+│                                                 resumed from an earlier run's snapshot)
 ├── RecoveryError                (+ ValueError)  recovery store missing or inconsistent
 │   ├── NoPartitionsError        (+ FileNotFoundError)
 │   ├── MissingPartitionsError   (+ FileNotFoundError)
@@ -53,6 +55,7 @@ __all__ = [
     "RecoveryError",
     "SingleWorkerError",
     "WorkerEnvironmentError",
+    "resumed_error",
     "step_error",
 ]
 
@@ -293,3 +296,53 @@ def step_error(
         err = cls(step_id, message, key, err.exc_type, err.exc_message, shown)
     err.__cause__ = exc
     return err
+
+
+def _type_name(x: Any) -> str:
+    """`int` for builtins, `module.Qualname` for other types (for error messages)."""
+    t = type(x)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def resumed_error(
+    step_id: str, exc: BaseException, key: str, snapshot: Any, store: str = "checkpoint or recovery directory"
+) -> FlowsparkRuntimeError:
+    """`step_error` for a key whose state was resumed from a snapshot an earlier run wrote.
+
+    Raised when the builder fails on the snapshot, or the first call of the step's user
+    code on the resumed state does (`flowspark.runtime.driver.StepDriver`): the message is
+    `step_error`'s, then says where the state came from, what it was and how to start over,
+    since the likely cause is a state whose shape changed with the code. Same classes as
+    `step_error` (a `TypeError` cause gives a `FlowsparkRuntimeTypeError`); `exc` is the
+    `__cause__`.
+
+    Args:
+        step_id: Fully qualified id of the step that failed.
+        exc: What the step raised.
+        key: The key.
+        snapshot: The resumed snapshot (or bare state).
+        store: Where the runtime keeps snapshots, for the fix (e.g. `"checkpoint directory"`).
+
+    Returns:
+        The error to raise (`raise resumed_error(...) from exc`).
+
+    Example:
+        >>> err = resumed_error("f.count", TypeError("'int' object is not iterable"), "ann", 3, "recovery directory")
+        >>> text = str(err)
+        >>> text.startswith("error in step 'f.count' for key 'ann': TypeError: 'int' object is not iterable; ")
+        True
+        >>> "written by an earlier run" in text, "(received int 3)" in text, "new recovery directory" in text
+        (True, True, True)
+        >>> isinstance(err, TypeError), err.__cause__
+        (True, TypeError("'int' object is not iterable"))
+    """
+    err = step_error(step_id, exc, key=key)
+    if err is exc:  # already wrapped by an inner step
+        return err
+    msg = (
+        f"{err}; the key's state was resumed from a snapshot written by an earlier run of the step "
+        f"(received {_type_name(snapshot)} {short_repr(snapshot, 80)}), and the state's shape may have changed "
+        f"with the code since; to start over, run with a new {store}; to keep the state, migrate it (make the "
+        "step's builder or function accept the old shape and convert it)"
+    )
+    return step_error(step_id, exc, msg, key)

@@ -32,6 +32,14 @@ from `EOF_BASE`. A runtime without tags passes empty bytes and ignores them; one
 reads no tags of the emits (a Spark stage writing a sink's rows) passes `tags=False`, and
 the values' emits then carry empty tags (1M concatenated tags were a fifth of such a stage,
 measured).
+
+Resumed keys. A runtime that rebuilds a key's logic from a snapshot an earlier run wrote
+(a recovery store, a streaming checkpoint) says so: `StepDriver.build(..., resumed=True)`.
+Until one of that logic's `on_batch` / `on_notify` / `on_eof` returns, a failure of the
+builder or of a hook is worded by `flowspark.errors.resumed_error` (the snapshot may not fit
+the step's new code). The bare-state paths (`drive_state`, `map_state`, `drive_states`) take
+a `resumed` flag per key instead: the first call of the step's function on the state.
+Nothing is checked per value.
 """
 
 from __future__ import annotations
@@ -44,7 +52,7 @@ from datetime import datetime
 from operator import itemgetter
 from typing import Any, Callable, Optional
 
-from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
+from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, resumed_error, step_error
 from flowspark.logic import StatefulBatchLogic, wants_notify
 
 __all__ = [
@@ -196,7 +204,7 @@ class StepDriver:
             chain (the next step has the same key) and before partitioned sinks.
     """
 
-    __slots__ = ("batch_fn", "builder", "eof_only", "level", "regroup", "step_id")
+    __slots__ = ("batch_fn", "builder", "eof_only", "level", "regroup", "resumed", "step_id", "store")
 
     def __init__(
         self,
@@ -214,10 +222,17 @@ class StepDriver:
         self.regroup = regroup
         self.eof_only = eof_only
         self.batch_fn = batch_fn
+        #: Keys whose logic was resumed from an earlier run's snapshot (`build(resumed=True)`) and
+        #: has not yet returned from `on_batch`, `on_notify` or `on_eof`: key -> the snapshot.
+        self.resumed: dict[str, Any] = {}
+        #: Where the runtime keeps snapshots, for `resumed_error`'s fix (set by the runtime).
+        self.store = "checkpoint or recovery directory"
 
     # -- one hook at a time ----------------------------------------------------
     def fail(self, key: Optional[str], error: BaseException) -> FlowsparkRuntimeError:
         """Wrap `error` raised for `key` (see `flowspark.errors.step_error`).
+
+        For a key in `resumed`, `flowspark.errors.resumed_error` (and the key leaves `resumed`).
 
         Args:
             key: The key.
@@ -226,18 +241,40 @@ class StepDriver:
         Returns:
             The error to raise.
         """
+        if self.resumed and key in self.resumed:
+            return self.resumed_fail(key, error, self.resumed.pop(key))
         return step_error(self.step_id, error, key=key)
 
-    def build(self, key: str, state: Any = None) -> StatefulBatchLogic[Any, Any, Any]:
+    def resumed_fail(self, key: str, error: BaseException, snapshot: Any) -> FlowsparkRuntimeError:
+        """Wrap `error` raised for `key` on its state `snapshot` resumed from an earlier run.
+
+        Args:
+            key: The key.
+            error: The exception.
+            snapshot: The resumed snapshot or bare state.
+
+        Returns:
+            The error to raise (see `flowspark.errors.resumed_error`).
+        """
+        return resumed_error(self.step_id, error, key, snapshot, self.store)
+
+    def build(self, key: str, state: Any = None, resumed: bool = False) -> StatefulBatchLogic[Any, Any, Any]:
         """Build a key's logic, fresh (`state=None`) or resumed from a snapshot.
 
         Args:
             key: The key.
             state: What `snapshot()` returned, or `None`.
+            resumed: `state` was read from storage an earlier run wrote (not written by this
+                run): until the logic's first `on_batch`, `on_notify` or `on_eof` returns,
+                failures are worded by `resumed_error` (see the module doc).
 
         Returns:
             The logic.
         """
+        if resumed:
+            self.resumed[key] = state
+        elif self.resumed:
+            self.resumed.pop(key, None)
         try:
             logic = self.builder(state)
         except Exception as e:
@@ -292,8 +329,13 @@ class StepDriver:
         except Exception as e:
             raise self.fail(key, e) from e
         if type(res) is tuple and len(res) == 2 and type(res[0]) is list:
+            if self.resumed:
+                self.resumed.pop(key, None)
             return res[0], bool(res[1])
-        return self.result(key, res, "on_batch()/on_item()")
+        out = self.result(key, res, "on_batch()/on_item()")
+        if self.resumed:
+            self.resumed.pop(key, None)
+        return out
 
     def notify_at(self, key: str, logic: Any) -> Optional[datetime]:
         """The logic's next notification time (checked), or `None`.
@@ -350,7 +392,10 @@ class StepDriver:
             res = hook()
         except Exception as e:
             raise self.fail(key, e) from e
-        return self.result(key, res, where)
+        out = self.result(key, res, where)
+        if self.resumed:
+            self.resumed.pop(key, None)
+        return out
 
     def snapshot(self, key: str, logic: Any) -> Any:
         """Call `snapshot`.
@@ -463,6 +508,7 @@ class StepDriver:
         """
         append = out.append
         builder_for = self.build
+        resumed = self.resumed
         n = len(items)
         i = 0
         while i < n:
@@ -500,6 +546,8 @@ class StepDriver:
                 emits, discard = res
             else:
                 emits, discard = self.result(key, res, "on_batch()/on_item()")
+            if resumed:
+                resumed.pop(key, None)
             if emits:
                 # No list comprehension: it costs a function frame per key run.
                 if len(emits) == 1:
@@ -523,7 +571,9 @@ class StepDriver:
         raise self.fail(None, bad_item_error(self.step_id, kv))
 
     # -- the fixed-time timeline with tags ------------------------------------------
-    def drive_state(self, key: str, items: list[tuple[bytes, Any]], state: Any, tags: bool = True) -> tuple[Emits, Any]:
+    def drive_state(
+        self, key: str, items: list[tuple[bytes, Any]], state: Any, tags: bool = True, resumed: bool = False
+    ) -> tuple[Emits, Any]:
         """`drive` for a step with a `batch_fn`, on the bare state instead of a logic.
 
         Gives the emits, in the same order with the same tags, that `drive` gives with
@@ -535,6 +585,8 @@ class StepDriver:
             items: `(tag, value)` pairs in order.
             state: The key's state, or `None`.
             tags: As in `drive`.
+            resumed: `state` was read from storage an earlier run wrote: a failure of the
+                function's first call is worded by `resumed_error`.
 
         Returns:
             `(emits as (tag, value) pairs in order, state after the values or None)`.
@@ -548,12 +600,14 @@ class StepDriver:
             try:
                 state, ws = fn(state, [v for _, v in chunk])
             except Exception as e:
+                if resumed and start == 0:
+                    raise self.resumed_fail(key, e, state) from e
                 raise self.fail(key, e) from e
             if ws:
                 _tag_emits(chunk, ws, mid, tags, out)
         return out, state
 
-    def map_state(self, key: str, values: list[Any], state: Any) -> tuple[list[Any], Any]:
+    def map_state(self, key: str, values: list[Any], state: Any, resumed: bool = False) -> tuple[list[Any], Any]:
         """`drive_state` without tags: the emits of `values` in order, and the state after them."""
         fn = self.batch_fn
         assert fn is not None
@@ -562,6 +616,8 @@ class StepDriver:
             try:
                 state, ws = fn(state, values[start : start + _KEY_CHUNK])
             except Exception as e:
+                if resumed and start == 0:
+                    raise self.resumed_fail(key, e, state) from e
                 raise self.fail(key, e) from e
             out.extend(ws)
         return out, state
@@ -723,7 +779,13 @@ def reads_tags(drivers: tuple[StepDriver, ...], tags: bool) -> list[bool]:
 
 
 def drive_states(
-    drivers: tuple[StepDriver, ...], key: str, items: list[tuple[bytes, Any]], states: list[Any], *, tags: bool = True
+    drivers: tuple[StepDriver, ...],
+    key: str,
+    items: list[tuple[bytes, Any]],
+    states: list[Any],
+    *,
+    tags: bool = True,
+    resumed: bool = False,
 ) -> tuple[Emits, list[Any]]:
     """`drive_chain` with `eof=False` for a chain whose every step has a `batch_fn`, on bare states.
 
@@ -733,6 +795,7 @@ def drive_states(
         items: `(tag, value)` pairs of the key, in order.
         states: Each step's state for the key (`None`: no logic).
         tags: As in `drive_chain`.
+        resumed: `states` were read from storage an earlier run wrote (see `StepDriver.drive_state`).
 
     Returns:
         `(emits, states)`: what `drive_chain` gives for logics built from `states`, and
@@ -740,7 +803,7 @@ def drive_states(
     """
     new: list[Any] = []
     for d, state, read in zip(drivers, states, reads_tags(drivers, tags), strict=True):
-        items, state = d.drive_state(key, items, state, read)
+        items, state = d.drive_state(key, items, state, read, resumed and state is not None)
         new.append(state)
     return items, new
 

@@ -457,6 +457,7 @@ class _StatefulRt(_Rt):
         self.up = node.up
         self.down = node.down
         self.driver = StepDriver(node.step_id, node.builder)
+        self.driver.store = "recovery directory (`python -m flowspark.recovery DIR COUNT`)"
         # The IR says whether this step's logics can ask for a notification at all
         # (`stateful_map`, `fold_final`, ... cannot): then nothing is ever scheduled.
         self.notifies = node.notifies
@@ -468,8 +469,8 @@ class _StatefulRt(_Rt):
         self.eof_done = False
         #: With `roundtrip_state`: the same step, never resumed, to compare with.
         self.reference = _StatefulRt(node, resume, False, fixed_now, ttl=ttl) if roundtrip else None
-        for key in sorted(resume):
-            self.logics[key] = self.driver.build(key, resume[key])
+        for key in sorted(resume):  # states an earlier run wrote to the recovery store
+            self.logics[key] = self.driver.build(key, resume[key], resumed=True)
             self._schedule(key)
 
     def _schedule(self, key: str) -> None:

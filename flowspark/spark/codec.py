@@ -321,7 +321,7 @@ def encode_task_error(fail: FlowsparkRuntimeError) -> str:
     exc_type = fail.exc_type if fail.exc_type is not None else type(fail).__name__
     exc_message = fail.exc_message if fail.exc_message is not None else str(fail)
     payload = pickle.dumps(
-        (fail.step_id, fail.key, exc_type, exc_message, blob, isinstance(fail, TypeError), fail.item)
+        (fail.step_id, fail.key, exc_type, exc_message, blob, isinstance(fail, TypeError), fail.item, str(fail))
     )
     return f"{fail} FLOWSPARK_TASK_ERROR<<{base64.b64encode(payload).decode()}>>"
 
@@ -337,14 +337,17 @@ def decode_task_error(text: str) -> Optional[FlowsparkRuntimeError]:
         `FlowsparkRuntimeTypeError` when the cause was a `TypeError`) naming the step
         and key, with the original exception as `__cause__` (when it could be
         unpickled) and attributes `exc_type` and `exc_message` (the same text the
-        in-memory executor gives); `None` when `text` holds no marker.
+        in-memory executor gives, with what the worker's message adds to it, such as
+        `flowspark.errors.resumed_error`'s advice); `None` when `text` holds no marker.
     """
     m = _MARK_RE.search(text)
     if m is None:
         return None
-    step_id, key, type_name, message, blob, type_error, item = pickle.loads(base64.b64decode(m.group(1)))
+    step_id, key, type_name, message, blob, type_error, item, said = pickle.loads(base64.b64decode(m.group(1)))
     cls = FlowsparkRuntimeTypeError if type_error else FlowsparkRuntimeError
     err = cls.describe(step_id, type_name, message, key, item)
+    if said != str(err) and said.startswith(str(err)):  # the usual wording and more (`resumed_error`)
+        err = cls(step_id, said, key, type_name, message, item)
     if blob is not None:
         try:
             err.__cause__ = pickle.loads(blob)

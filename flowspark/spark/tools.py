@@ -331,9 +331,10 @@ def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> t
     The checkpoint must have been written by `flowspark.spark.streaming`: its
     `flowspark.json` names the flow and the chain of stateful steps, and the
     state store of Spark's checkpoint (`<checkpoint>/query`) holds, in the bucket layout, one row
-    per bucket whose value is the pickled `{key: (snapshots, notify_at)}` (`snapshots[i]` is
+    per bucket whose value is the pickled `{key: (snapshots, notify_at, run)}` (`snapshots[i]` is
     `None` or `(snapshot,)`, `(snapshot, last value time)` with a state TTL, for the i-th
-    stateful step); in the key layout, one `MapState` row per key plus each bucket's hot tier.
+    stateful step; `run`: the writing run's token, absent in entries of older versions); in
+    the key layout, one `MapState` row per key plus each bucket's hot tier.
 
     Args:
         spark: The SparkSession.
@@ -341,7 +342,7 @@ def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> t
         batch_id: Read the state as of this micro-batch (default the last committed one).
 
     Returns:
-        `(meta, table)`: the parsed `flowspark.json`, and `{key: (snapshots, notify_at)}`
+        `(meta, table)`: the parsed `flowspark.json`, and `{key: (snapshots, notify_at[, run])}`
         over every bucket (snapshots unpickled, so the flow's modules must be importable).
 
     Raises:

@@ -162,3 +162,22 @@ class _ListPart(StatefulSourcePartition):
 
     def snapshot(self) -> int:
         return self.pos
+
+
+def dict_count_mapper(state: Optional[dict[str, int]], _value: Any) -> tuple[dict[str, int], int]:
+    """`count_mapper`'s next version: the state is a dict (an old int state makes `dict()` raise)."""
+    st = dict(state or {})
+    st["n"] = st.get("n", 0) + 1
+    return st, st["n"]
+
+
+class Tally:
+    """A state class of an importable module (pickled by reference)."""
+
+    def __init__(self, n: int = 0) -> None:
+        self.n = n
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tally) and other.n == self.n
+
+    __hash__ = None  # type: ignore[assignment]

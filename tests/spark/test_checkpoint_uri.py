@@ -80,7 +80,7 @@ def test_stream_with_a_uri_checkpoint_resumes_and_refuses_another_flow(spark, tm
     assert meta["flow_id"] == "uri_count"
     assert os.listdir(hadoop_only) == []
     meta, table = read_state(spark, chk)
-    assert {k: snaps[0][0] for k, (snaps, _) in table.items()} == {"u0": 3, "u1": 3, "u2": 1, "u3": 1}
+    assert {k: ent[0][0][0] for k, ent in table.items()} == {"u0": 3, "u1": 3, "u2": 1, "u3": 1}
     with pytest.raises(RecoveryError, match="belongs to dataflow 'uri_count'"):
         run(_flow(root, [], "other"), spark=spark, checkpoint=chk, trigger="available_now", progress=False)
 

@@ -36,6 +36,7 @@ from flowspark.spark.worker import run_stage_rows
 from flowspark.testing import TestingSink, TestingSource
 
 StepFailure = FlowsparkRuntimeError  # what a worker raises for a failed step
+RUN = b"this run"  # a BucketDriver's run token, fixed to compare state entries
 
 
 def drive_key(key, items, steps, logics=None, *, now, eof=True):
@@ -265,13 +266,14 @@ def test_the_bucket_call_on_bare_states_keeps_the_same_state_entries_and_emits()
         driver = BucketDriver(spec, timers=False)
         assert driver.bare
         driver.bare = bare
-        table = {"b": ([(6,), ([1, 2],)], None)}
+        driver.run = RUN
+        table = {"b": ([(6,), ([1, 2],)], None)}  # an entry of an earlier version: no run token
         emits = driver.process_runs(table, runs, T0)
         out[bare] = (emits, table)
     assert out[True] == out[False]
-    assert out[True][1]["a"] == ([(5,), ([1, 3, 3, 5],)], None)  # totals 1, 3, 3 (0 discards), 5
+    assert out[True][1]["a"] == ([(5,), ([1, 3, 3, 5],)], None, RUN)  # totals 1, 3, 3 (0 discards), 5
     out[True][0][-1][1][1].append("changed downstream")  # the state is a snapshot: a copy
-    assert out[True][1]["b"] == ([(12,), ([1, 2, 9, 12],)], None)
+    assert out[True][1]["b"] == ([(12,), ([1, 2, 9, 12],)], None, RUN)
     errors = []
     for bare in (True, False):
         driver = BucketDriver(spec, timers=False)
@@ -280,6 +282,85 @@ def test_the_bucket_call_on_bare_states_keeps_the_same_state_entries_and_emits()
             driver.process_runs({}, [("c", [(source_seq(0, 0, 0), "x")])], T0)  # int + str fails in the mapper
         errors.append(str(info.value))
     assert errors[0] == errors[1]
+
+
+@pytest.mark.parametrize("path", ["flat", "bare", "logic"])
+def test_a_bucket_call_on_an_earlier_runs_state_that_no_longer_fits_says_so(path):
+    """An entry of an earlier run (no token, another token) whose state the step's code cannot read."""
+    import pandas as pd
+    import pyarrow as pa
+
+    spec = next(st.spec for st in _seen_flow(TestingSource([])).stages if st.spec.chain)
+    schema = pa.schema([("user", pa.string()), ("last", pa.list_(pa.int64()))])
+
+    def call(table, rows):
+        vs = [dumps({"user": u, "v": v} if spec.input_value_only else (u, {"user": u, "v": v})) for u, v in rows]
+        seqs = [source_seq(0, 0, 0, i) for i in range(len(rows))]
+        driver.call(table, iter([pd.DataFrame({"k": [u for u, _ in rows], "seq": seqs, "v": vs})]), T0)
+
+    driver = BucketDriver(spec, sink_rows=("f.out", schema), timers=False)
+    driver.flat, driver.bare = path == "flat", path != "logic"
+    driver.run = RUN
+    texts = []
+    for old in (([(3,)], None), ([(3,)], None, b"another run")):  # an int state: `[*3, v]` raises
+        with pytest.raises(RuntimeError) as info:
+            call({"b": old, "a": ([([1],)], None)}, [("a", 2), ("b", 4)])
+        err = decode_task_error(str(info.value))
+        assert isinstance(err, FlowsparkRuntimeError)
+        assert isinstance(err, TypeError)
+        assert (err.step_id, err.key) == ("f.seen.stateful_batch", "b")
+        assert type(err.__cause__) is TypeError
+        texts.append(str(err))
+    assert texts[0] == texts[1]
+    want = (
+        f"error in step 'f.seen.stateful_batch' for key 'b': TypeError: {err.__cause__}; the key's state was "
+        "resumed from a snapshot written by an earlier run of the step (received int 3), and the state's shape "
+        "may have changed with the code since; to start over, run with a new checkpoint directory; to keep the "
+        "state, migrate it (make the step's builder or function accept the old shape and convert it)"
+    )
+    assert texts[0] == want
+    # The same state written by this run (its token): the error of today.
+    with pytest.raises(RuntimeError) as info:
+        call({"b": ([(3,)], None, RUN)}, [("b", 4)])
+    err = decode_task_error(str(info.value))
+    assert str(err) == f"error in step 'f.seen.stateful_batch' for key 'b': TypeError: {err.__cause__}"
+
+
+def test_dump_state_pickles_importable_classes_by_reference_and_loads_what_older_versions_wrote():
+    import pickle
+
+    import cloudpickle
+    from streaming_helpers import Tally
+
+    from flowspark.spark.streaming.state import _load, dump_state
+
+    entry = ([(Tally(3),)], None, RUN)
+    blob = dump_state({"k": entry})
+    assert b"streaming_helpers" in blob  # by reference: the module and the class name
+    assert b"Tally" in blob
+    assert b"cloudpickle" not in blob  # no class rebuilt by value
+    assert b"__init__" not in blob  # none of the class's code
+    assert blob == pickle.dumps({"k": entry}, protocol=5)
+    assert _load(blob) == {"k": entry}
+
+    class Local:  # not importable by name: by value, as before
+        def __init__(self, n):
+            self.n = n
+
+    blob = dump_state({"k": ([(Local(2),)], None, RUN)})
+    assert b"cloudpickle" in blob
+    assert _load(blob)["k"][0][0][0].n == 2
+    # What earlier versions wrote: entries without a run token, pickled or cloudpickled.
+    for old in (
+        pickle.dumps({"b": ([(Tally(3),)], None)}, protocol=5),
+        cloudpickle.dumps({"b": ([(Local(3),)], None)}),
+    ):
+        table = _load(old)
+        assert len(table["b"]) == 2
+        spec = StageSpec(1, "rows", "s", chain=_map_steps(), depth_in=len(source_seq(0, 0, 0)))
+        driver = BucketDriver(spec, timers=False)
+        assert driver.earlier(table["b"])
+        assert not driver.earlier(([(1,)], None, driver.run))
 
 
 def _seen_flow(source):
@@ -329,6 +410,7 @@ def test_a_flat_bucket_call_gives_the_same_state_entries_and_sink_rows(column_ke
         assert driver.bare
         driver.flat = path == "flat"
         driver.bare = path != "logic"
+        driver.run = RUN
         table = {"b": ([([7],)], None), "d": ([([8],)], None), "e": ([([5],)], None)}
         frame = driver.call(table, iter([frame_of(rows)]), T0)
         out[path] = (sorted((r["user"], tuple(r["last"])) for r in frame.to_dict("records")), table)
@@ -340,10 +422,10 @@ def test_a_flat_bucket_call_gives_the_same_state_entries_and_sink_rows(column_ke
     assert "step 'f.seen.stateful_batch' for key 'b': ValueError: negative" in errors[0]
     got = out["flat"]
     assert got[1] == {
-        "a": ([([3, 6],)], None),
-        "b": ([([7, 2, 5],)], None),
-        "c": ([([4],)], None),
-        "d": ([([8],)], None),
+        "a": ([([3, 6],)], None, RUN),
+        "b": ([([7, 2, 5],)], None, RUN),
+        "c": ([([4],)], None, RUN),
+        "d": ([([8],)], None),  # untouched: as an earlier version wrote it
     }
     assert got[0] == sorted(
         [

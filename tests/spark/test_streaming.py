@@ -5,7 +5,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from streaming_helpers import T0, ActiveUser, FileClock, JsonlDirSource, count_mapper, parity_key, write_jsonl
+from streaming_helpers import (
+    T0,
+    ActiveUser,
+    FileClock,
+    JsonlDirSource,
+    count_mapper,
+    dict_count_mapper,
+    parity_key,
+    write_jsonl,
+)
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
@@ -82,6 +91,39 @@ def test_running_count_available_now_then_resume(spark, tmp_path):
     out2: list = []
     run(_count_flow(root, out2), spark=spark, checkpoint=chk, trigger="available_now", progress=False)
     assert sorted(out2) == [("u2", 3), ("u9", 1)]
+
+
+@pytest.mark.slow
+def test_a_restart_whose_stateful_map_no_longer_fits_the_checkpointed_state_says_so(spark, tmp_path):
+    from flowspark.errors import FlowsparkRuntimeError
+    from flowspark.spark import run
+
+    def flow(out: list, mapper) -> Dataflow:
+        f = Dataflow("stream_count")
+        keyed = op.key_on("key", op.input("inp", f, JsonlDirSource(root, ["a"])), lambda e: e["user"])
+        op.output("out", op.stateful_map("count", keyed, mapper), TestingSink(out))
+        return f
+
+    root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False}
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": "u0"}, {"user": "u1"}, {"user": "u0"}])
+    out: list = []
+    run(flow(out, count_mapper), **opts)
+    assert sorted(out) == [("u0", 1), ("u0", 2), ("u1", 1)]
+    # The code changes: the state is now a dict; u0's checkpointed state is the int 2.
+    write_jsonl(f"{root}/a/0002.jsonl", [{"user": "u0"}])
+    with pytest.raises(FlowsparkRuntimeError) as info:
+        run(flow([], dict_count_mapper), **opts)
+    err = info.value
+    assert isinstance(err, TypeError)
+    assert (err.step_id, err.key) == ("stream_count.count.stateful_batch", "u0")
+    assert str(err).startswith(
+        "error in step 'stream_count.count.stateful_batch' for key 'u0': TypeError: 'int' object is not iterable; "
+        "the key's state was resumed from a snapshot written by an earlier run of the step (received int 2)"
+    )
+    assert "run with a new checkpoint directory" in str(err)
+    assert type(err.__cause__) is TypeError
+    assert str(err.__cause__) == "'int' object is not iterable"
 
 
 def _active_flow(root: str, out: list) -> Dataflow:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import os
 import pickle
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -255,10 +256,14 @@ class KeyTable:
 class BucketDriver:
     """Runs a keyed stage for one bucket of keys (called by `applyInPandasWithState`).
 
-    State of a bucket: `{key: (snaps, notify_at)}` pickled, where `snaps[i]` is
+    State of a bucket: `{key: (snaps, notify_at, run)}` pickled, where `snaps[i]` is
     `None` when step `i` has no logic for the key and `(snapshot,)` otherwise
-    (`(snapshot, time of the step's last value)` with a state TTL), and `notify_at`
-    is the earliest `notify_at()` of the key's logics (or `None`).
+    (`(snapshot, time of the step's last value)` with a state TTL), `notify_at`
+    is the earliest `notify_at()` of the key's logics (or `None`), and `run` the
+    `run` token of the query run that wrote the entry. An entry of another run (or
+    without a token: written before tokens existed) is *resumed*: a failure of the
+    first call of the step's code on it says the snapshot may not fit the code
+    (`flowspark.errors.resumed_error`).
 
     Args:
         spec: The keyed stage (its chain, the stateless ops after it, and the
@@ -327,15 +332,25 @@ class BucketDriver:
         self.clock = clock
         self.sink_rows = sink_rows
         self.timers = timers
+        #: This query run's token (a driver is built per run and shipped to the workers), stored
+        #: in every entry written: entries without it were written by an earlier run.
+        self.run = os.urandom(8)
+        for d in self.drivers:
+            d.store = "checkpoint directory"
 
     # -- state codec ----------------------------------------------------------
-    def _logics(self, key: str, snaps: Optional[list[Any]], now: datetime) -> list[Any]:
-        if snaps is None:
+    def earlier(self, ent: Any) -> bool:
+        """Whether an entry was written by an earlier run (see the class doc): its state is resumed."""
+        return len(ent) < 3 or ent[2] != self.run
+
+    def _logics(self, key: str, ent: Any, now: datetime) -> list[Any]:
+        if not ent:
             return [None] * len(self.drivers)
         ttl = self.ttl
+        resumed = self.earlier(ent)
         return [
-            None if s is None or (ttl is not None and len(s) > 1 and now - s[1] >= ttl) else d.build(key, s[0])
-            for d, s in zip(self.drivers, snaps, strict=True)
+            None if s is None or (ttl is not None and len(s) > 1 and now - s[1] >= ttl) else d.build(key, s[0], resumed)
+            for d, s in zip(self.drivers, ent[0], strict=True)
         ]
 
     def _times(self, snaps: Optional[list[Any]], now: datetime, fed: Optional[list[bool]] = None) -> list[datetime]:
@@ -351,7 +366,7 @@ class BucketDriver:
 
     def _freeze(
         self, key: str, logics: list[Any], times: Optional[list[datetime]]
-    ) -> Optional[tuple[list[Any], Optional[datetime]]]:
+    ) -> Optional[tuple[list[Any], Optional[datetime], bytes]]:
         """A key's state entry from its logics (`times`: each step's last value, with a TTL)."""
         snaps: list[Any] = []
         at: Optional[datetime] = None
@@ -367,7 +382,7 @@ class BucketDriver:
                 at = a
         if all(s is None for s in snaps):
             return None
-        return snaps, at
+        return snaps, at, self.run
 
     # -- one call -------------------------------------------------------------
     def _row_runs(self, pdfs: Iterator[Any], values_only: bool = False) -> list[tuple[str, list[Any]]]:
@@ -426,6 +441,8 @@ class BucketDriver:
             self._sweep(table, now)
         tags = self.sink_rows is None  # a sink's rows are written in any order
         ttl = self.ttl is not None
+        for d in self.drivers:
+            d.resumed.clear()  # keys of an earlier call's logics built but never fed
         if self.bare:
             self._process_bare(table, runs, tags, out)
         else:
@@ -434,7 +451,7 @@ class BucketDriver:
                 snaps = ent[0] if ent else None
                 fed: Optional[list[bool]] = [] if ttl else None  # the TTL counts from a step's last value
                 emits, logics = drive_chain(
-                    self.drivers, key, items, self._logics(key, snaps, now), now=now, eof=False, fed=fed, tags=tags
+                    self.drivers, key, items, self._logics(key, ent, now), now=now, eof=False, fed=fed, tags=tags
                 )
                 out.extend([(s, (key, w)) for s, w in emits])
                 self._store(table, key, logics, self._times(snaps, now, fed) if ttl else None)
@@ -447,30 +464,39 @@ class BucketDriver:
         """`process_runs`' values for a chain of steps with a `batch_fn`: the same entries, the same emits."""
         drivers = self.drivers
         fresh: list[Any] = [None] * len(drivers)
+        run = self.run
         for key, items in runs:
             ent = table.get(key)
-            states = fresh if not ent else [None if s is None else s[0] for s in ent[0]]
-            emits, states = drive_states(drivers, key, items, states, tags=tags)
+            if ent:
+                states = [None if s is None else s[0] for s in ent[0]]
+                resumed = self.earlier(ent)
+            else:
+                states, resumed = fresh, False
+            emits, states = drive_states(drivers, key, items, states, tags=tags, resumed=resumed)
             out.extend([(s, (key, w)) for s, w in emits])
             if all(st is None for st in states):
                 table.pop(key, None)
             else:
                 pairs = zip(drivers, states, strict=True)
-                table[key] = ([None if st is None else (d.state_snapshot(key, st),) for d, st in pairs], None)
+                table[key] = ([None if st is None else (d.state_snapshot(key, st),) for d, st in pairs], None, run)
 
     def _process_flat(self, table: Any, runs: Any) -> list[tuple[str, Any]]:
         """`_process_bare` for one step (`flat`), on runs of values: the `(key, emit)` items, the same entries."""
         d = self.drivers[0]
+        run = self.run
         items: list[tuple[str, Any]] = []
         for key, values in runs:
             ent = table.get(key)
             snap = ent[0][0] if ent else None
-            ws, state = d.map_state(key, values, None if snap is None else snap[0])
+            if snap is None:
+                ws, state = d.map_state(key, values, None)
+            else:
+                ws, state = d.map_state(key, values, snap[0], self.earlier(ent))
             items.extend([(key, w) for w in ws])
             if state is None:
                 table.pop(key, None)
             else:
-                table[key] = ([(d.state_snapshot(key, state),)], None)
+                table[key] = ([(d.state_snapshot(key, state),)], None, run)
         return items
 
     def _sweep(self, table: Any, now: datetime) -> None:
@@ -492,7 +518,7 @@ class BucketDriver:
         if ent is None:
             table.pop(key, None)
             return
-        logics = self._logics(key, ent[0], now)
+        logics = self._logics(key, ent, now)
         times = self._times(ent[0], now)
         for i, d in enumerate(self.drivers):
             logic = logics[i]
