@@ -29,7 +29,7 @@ from flowspark.outputs import part_of
 from flowspark.spark.codec import HEAD_LEN, decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
 from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
-from flowspark.spark.session import default_parallelism, is_connect
+from flowspark.spark.session import default_parallelism, is_connect, quiet_query_context
 from flowspark.spark.worker import dict_rows, no_gc, stage_function
 
 __all__ = ["check_bounded", "column_key_refusal", "describe_keyed_state", "describe_stage", "run_plan", "seq_column"]
@@ -756,6 +756,7 @@ def _misfits(step_id: str, arrow_schema: Any) -> Callable[[Iterator[Any]], Itera
     return _guard(step_id, body)
 
 
+@quiet_query_context()
 def run_plan(
     plan: Plan,
     *,

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import urlparse
@@ -23,6 +26,7 @@ __all__ = [
     "is_connect",
     "open_session",
     "quiet_logs",
+    "quiet_query_context",
     "ship_user_modules",
     "streaming_carry",
 ]
@@ -456,6 +460,11 @@ def connect_session(url: str, conf: Optional[dict[str, str]] = None) -> Any:
 
 _LOG4J2 = """# Written by flowspark: keep Spark's console quiet (the flowspark CLI reports errors itself).
 rootLogger.level = {level}
+# Spark gives an interpreter's driver (pyspark's is PythonGatewayServer) the level of its logger,
+# and prints two lines ("Setting default log level ...") at the JVM's start when it differs from
+# the root's: the same level, no lines.
+logger.pygateway.name = org.apache.spark.api.python.PythonGatewayServer
+logger.pygateway.level = {level}
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console
 appender.console.name = console
@@ -484,3 +493,31 @@ def quiet_logs(level: str = "off") -> Optional[Path]:
     (d / "log4j2.properties").write_text(_LOG4J2.format(level=level))
     os.environ["SPARK_CONF_DIR"] = str(d)
     return d
+
+
+#: pyspark's loggers that write an ERROR line with a stack trace for every analysis error it raises.
+_QUERY_CONTEXT_LOGGERS = ("DataFrameQueryContextLogger", "SQLQueryContextLogger")
+
+
+@contextmanager
+def quiet_query_context() -> Iterator[None]:
+    """Silence pyspark's query-context loggers while flowspark drives Spark.
+
+    pyspark 4 logs every `AnalysisException` (and the other captured Spark errors that carry
+    a query context) as a JSON ERROR line with the Python stack on stderr when it *raises*
+    it, before anyone could catch it. flowspark turns the errors it can name into its own
+    one-line error (or raises pyspark's, which carries the same text), so inside a flowspark
+    run those lines only repeat it; outside, the user's own pyspark calls log as before.
+
+    Yields:
+        Nothing; the loggers' `disabled` flags are restored on exit.
+    """
+    loggers = [logging.getLogger(name) for name in _QUERY_CONTEXT_LOGGERS]
+    before = [lg.disabled for lg in loggers]
+    for lg in loggers:
+        lg.disabled = True
+    try:
+        yield
+    finally:
+        for lg, was in zip(loggers, before, strict=True):
+            lg.disabled = was

@@ -36,7 +36,7 @@ from flowspark.spark.compiler import as_graph, compile_flow
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink, infer_schema, write_rows
 from flowspark.spark.plan import DEAD_PORT, Plan, SinkPlan, StagePlan, StageSpec
-from flowspark.spark.session import default_parallelism, is_connect
+from flowspark.spark.session import default_parallelism, is_connect, quiet_query_context
 from flowspark.spark.streaming.checkpoint import (
     check_flag,
     check_layout,
@@ -246,7 +246,7 @@ def _per_call_stage(
     return fn
 
 
-def _file_rows(df: Any) -> bool:
+def _file_rows(df: Any, source: Any) -> bool:
     """Whether Spark gives `df`'s rows their file and row index (`_metadata`: a parquet file stream).
 
     A stage writing a sink with one `stateful_map` (`BucketDriver.flat`) needs only each key's
@@ -254,14 +254,17 @@ def _file_rows(df: Any) -> bool:
     Arrow pass that numbers the rows (`_number_rows`). The order among a micro-batch's files is
     that of their paths' `xxhash64` (the pass's is Spark's packing of files into partitions):
     each file's rows stay in order, as a replayed micro-batch gives them again.
+
+    Decided from the source's format and the `_metadata` struct's fields, never by asking
+    Spark for a field that may not exist: pyspark logs every analysis error it raises (an
+    ERROR line with a stack trace on stderr), even one flowspark catches.
     """
+    if not (isinstance(source, SparkSource) and source.format == "parquet" and source.path):
+        return False  # row_index is a parquet reader's field; tables and DataFrames have no file rows
     if "_metadata" in df.columns:
         return False  # a column of the user's own shadows Spark's
-    try:
-        fields = df.select("_metadata.file_path", "_metadata.row_index").schema.fields
-    except Exception:  # noqa: BLE001 - no such metadata (not a file source, or not parquet)
-        return False
-    return [f.name for f in fields] == ["file_path", "row_index"]
+    meta = df.select("_metadata").schema.fields[0].dataType
+    return {"file_path", "row_index"} <= set(getattr(meta, "names", None) or [])
 
 
 def _number_rows(batches: Iterator[Any]) -> Iterator[Any]:
@@ -647,7 +650,8 @@ class StreamingRun:
             if spec.stage_id in spark_keyed:
                 src = spark_keyed[spec.stage_id]
                 driver = self._driver(spec, column_key=True)
-                driver.file_order = driver.flat and _file_rows(src)
+                source = self.plan.stages[spec.column_key.source_stage].source  # type: ignore[union-attr]
+                driver.file_order = driver.flat and _file_rows(src, source)
                 if driver.file_order:
                     self.lowered[spec.stage_id] += "; each key's rows ordered by their file and row index"
                 df = self._column_key_input(spec, src, driver.file_order)
@@ -1228,6 +1232,7 @@ def _stop_between_batches(query: Any, timeout: float = 60.0) -> None:
         pass
 
 
+@quiet_query_context()
 def run_streaming(
     flow: Any,
     *,

@@ -28,6 +28,7 @@ import itertools
 import operator
 import os
 import pickle
+import warnings
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
@@ -47,6 +48,14 @@ from flowspark.spark.worker import (
     run_stage_rows,
     stage_streams,
     through,
+)
+
+# pyspark's applyInPandasWithState frames a call's output with `pd.concat` over frames that
+# include all-NA padding rows, and pandas 2 warns about it on the worker's stderr once per
+# worker (a FutureWarning about pyspark's code, not the user's): silenced in the workers that
+# import this module, for that message only.
+warnings.filterwarnings(
+    "ignore", message="The behavior of DataFrame concatenation with empty or all-NA entries", category=FutureWarning
 )
 
 __all__ = ["LAYOUTS", "STATE_SCHEMA", "BucketDriver", "KeyTable", "LatestCounts", "dump_state"]
