@@ -762,6 +762,7 @@ def run_plan(
     explain: bool = False,
     state_ttl: Optional[timedelta] = None,
     dead_letter: Any = None,
+    progress: Any = True,  # noqa: ARG001
 ) -> None:
     """Run a compiled plan on Spark as batch jobs; return when it is done.
 
@@ -788,6 +789,9 @@ def run_plan(
             `batch_id=0`), a `SparkSink`, `ForeachBatchSink` or a sink written at the driver
             (`TestingSink`). Costs: each stage's output is persisted, and a `SparkSink` is
             written by a pass of its own (see docs/spark.md "Dead letter").
+        progress: Accepted as `run_streaming` takes it, so `flowspark.spark.run` takes the same
+            arguments for any flow; progress lines are a stream's output (one per micro-batch):
+            a batch job prints none, whatever the value.
 
     Raises:
         FlowsparkRuntimeError: A user callable failed (names the step, carries the
