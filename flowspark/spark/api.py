@@ -40,7 +40,8 @@ def run(
         trigger: For unbounded flows: `None` (run until stopped), `"available_now"`
             or an interval like `"5 seconds"` (see `run_streaming`).
         **options: Options of `flowspark.spark.batch.run_plan` (bounded flows) or
-            `run_streaming` (unbounded flows).
+            `run_streaming` (unbounded flows). Both take `progress`; only a stream prints
+            progress lines (a batch job prints none, whatever its value).
 
     Returns:
         The `StreamingRun` of an unbounded flow; `None` for a batch run.

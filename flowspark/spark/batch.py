@@ -29,6 +29,7 @@ from flowspark.outputs import part_of
 from flowspark.spark.codec import HEAD_LEN, decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
 from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
+from flowspark.spark.rows import RowSchema, row_schema
 from flowspark.spark.session import default_parallelism, is_connect, quiet_query_context
 from flowspark.spark.worker import dict_rows, no_gc, stage_function
 
@@ -402,9 +403,6 @@ class _Job:
         _action(lambda: df.mapInArrow(fn, "n long").collect())
 
     def write_native(self, sk: SinkPlan) -> None:
-        from pyspark.sql.pandas.types import to_arrow_schema
-        from pyspark.sql.types import StructType
-
         df = self.port_df(*sk.port)
         schema = sk.sink.schema
         dead_letter = self.plan.dead_letter is not None
@@ -426,21 +424,19 @@ class _Job:
                     self.misfits.append(df.mapInArrow(_misfits(sk.step_id, None), "seq binary, v binary"))
                 return
             schema = infer_schema(self.spark, sk.step_id, sample)
-        elif isinstance(schema, str):
-            schema = StructType.fromDDL(schema)
-        arrow_schema = to_arrow_schema(schema)
+        rows_schema = row_schema(self.spark, sk.step_id, schema)
         if fused:
             # One pass: the stage itself emits the sink's rows as typed columns.
             stage = sk.port[0]
             inp, column_key = self.inputs[stage]
             fn = stage_function(
-                self.plan.stages[stage].spec, self.now, column_key=column_key, sink=(sk.step_id, arrow_schema)
+                self.plan.stages[stage].spec, self.now, column_key=column_key, sink=(sk.step_id, rows_schema)
             )
-            rows = inp.mapInArrow(fn, schema)
+            rows = inp.mapInArrow(fn, rows_schema.struct)
         else:
-            rows = df.mapInArrow(_to_rows(sk.step_id, arrow_schema, dead_letter), schema)
+            rows = df.mapInArrow(_to_rows(sk.step_id, rows_schema, dead_letter), rows_schema.struct)
             if dead_letter:
-                self.misfits.append(df.mapInArrow(_misfits(sk.step_id, arrow_schema), "seq binary, v binary"))
+                self.misfits.append(df.mapInArrow(_misfits(sk.step_id, rows_schema), "seq binary, v binary"))
         write_rows(sk.step_id, sk.sink, rows)
 
     def schema_route(self, sk: SinkPlan) -> str:
@@ -712,22 +708,22 @@ def _pick_rows(rows: list[tuple[Optional[str], bytes, bytes]]) -> Callable[[Iter
     return fn
 
 
-def _to_rows(step_id: str, arrow_schema: Any, skip_misfits: bool = False) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def _to_rows(step_id: str, rows: RowSchema, skip_misfits: bool = False) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """Port rows -> the sink's rows; with `skip_misfits`, items that do not fit are left out (see `_misfits`)."""
 
     def body(batches: Iterator[Any]) -> Iterator[Any]:
         for b in batches:
             items = loads_all(b.column(2).to_pylist())
             if items:
-                yield dict_rows(step_id, items, arrow_schema, [] if skip_misfits else None)
+                yield dict_rows(step_id, items, rows, [] if skip_misfits else None)
 
     return _guard(step_id, body)
 
 
-def _misfits(step_id: str, arrow_schema: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
+def _misfits(step_id: str, rows: Optional[RowSchema]) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """Port rows -> `(seq, pickled dead-letter record)` of the items a `SparkSink` cannot write.
 
-    `arrow_schema` `None`: no item could give a schema (none is a dict): every item is refused.
+    `rows` `None`: no item could give a schema (none is a dict): every item is refused.
     """
 
     def body(batches: Iterator[Any]) -> Iterator[Any]:
@@ -736,13 +732,13 @@ def _misfits(step_id: str, arrow_schema: Any) -> Callable[[Iterator[Any]], Itera
         for b in batches:
             items = loads_all(b.column(2).to_pylist())
             dead: list[Any] = []
-            if arrow_schema is None:
+            if rows is None:
                 from flowspark.deadletter import record
                 from flowspark.spark.worker import not_dict_error
 
                 dead = [(i, record(step_id, not_dict_error(step_id, x), x)) for i, x in enumerate(items)]
             elif items:
-                dict_rows(step_id, items, arrow_schema, dead)
+                dict_rows(step_id, items, rows, dead)
             if dead:
                 seqs = b.column(1).to_pylist()
                 yield pa.RecordBatch.from_arrays(
@@ -767,6 +763,7 @@ def run_plan(
     explain: bool = False,
     state_ttl: Optional[timedelta] = None,
     dead_letter: Any = None,
+    progress: Any = True,  # noqa: ARG001
 ) -> None:
     """Run a compiled plan on Spark as batch jobs; return when it is done.
 
@@ -793,6 +790,9 @@ def run_plan(
             `batch_id=0`), a `SparkSink`, `ForeachBatchSink` or a sink written at the driver
             (`TestingSink`). Costs: each stage's output is persisted, and a `SparkSink` is
             written by a pass of its own (see docs/spark.md "Dead letter").
+        progress: Accepted as `run_streaming` takes it, so `flowspark.spark.run` takes the same
+            arguments for any flow; progress lines are a stream's output (one per micro-batch):
+            a batch job prints none, whatever the value.
 
     Raises:
         FlowsparkRuntimeError: A user callable failed (names the step, carries the

@@ -17,7 +17,7 @@ import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from flowspark._time import use_clock
 from flowspark.deadletter import record as dead_record
@@ -36,6 +36,9 @@ from flowspark.spark.codec import (
     source_items,
 )
 from flowspark.spark.plan import DEAD_PORT, Op, StageSpec
+
+if TYPE_CHECKING:
+    from flowspark.spark.rows import RowSchema
 
 #: Where a stage's dead-letter entries go: `None` (no dead letter: refused items fail the
 #: stage) or a list receiving `(seq, record)` pairs (`flowspark.deadletter.record`).
@@ -431,13 +434,14 @@ def not_dict_error(step_id: str, x: Any) -> FlowsparkTypeError:
     return FlowsparkTypeError(msg)
 
 
-def dict_rows(step_id: str, items: list[Any], arrow_schema: Any, dead: Optional[list[Any]] = None) -> Any:
-    """The rows a `SparkSink` writes: dict items as one Arrow record batch of `arrow_schema`.
+def dict_rows(step_id: str, items: list[Any], rows: RowSchema, dead: Optional[list[Any]] = None) -> Any:
+    """The rows a `SparkSink` writes: dict items as one Arrow record batch of `rows.arrow`.
 
     Args:
         step_id: The sink's step id.
         items: The items (dicts).
-        arrow_schema: The sink's schema as an Arrow schema.
+        rows: The sink's schema (`flowspark.spark.rows.row_schema`): its Arrow schema and
+            how values convert.
         dead: With a dead letter: receives `(index in items, record)` for each item that
             is not a dict or does not fit the schema; the batch holds the others.
 
@@ -449,10 +453,11 @@ def dict_rows(step_id: str, items: list[Any], arrow_schema: Any, dead: Optional[
     """
     import pyarrow as pa
 
+    arrow_schema = rows.arrow
     if dead is not None:
         try:
             if set(map(type, items)) == {dict}:
-                return pa.RecordBatch.from_pylist(items, schema=arrow_schema)
+                return pa.RecordBatch.from_pylist(rows.fit(items), schema=arrow_schema)
         except Exception:  # noqa: BLE001,S110
             pass  # found item by item below
         good = []
@@ -460,35 +465,36 @@ def dict_rows(step_id: str, items: list[Any], arrow_schema: Any, dead: Optional[
             try:
                 if not isinstance(x, dict):
                     raise not_dict_error(step_id, x)
-                pa.RecordBatch.from_pylist([x], schema=arrow_schema)
+                fitted = rows.fit([x])
+                pa.RecordBatch.from_pylist(fitted, schema=arrow_schema)
             except Exception as e:  # noqa: BLE001
-                err = e if isinstance(e, FlowsparkTypeError) else _misfit_error(step_id, [x], arrow_schema, e)
+                err = e if isinstance(e, FlowsparkTypeError) else _misfit_error(step_id, [x], rows, e)
                 dead.append((i, dead_record(step_id, err, x)))
                 continue
-            good.append(x)
+            good.extend(fitted)
         return pa.RecordBatch.from_pylist(good, schema=arrow_schema)
     if set(map(type, items)) != {dict}:
         bad = next((x for x in items if not isinstance(x, dict)), None)
         if bad is not None:
             raise _fail(step_id, not_dict_error(step_id, bad))
     try:
-        return pa.RecordBatch.from_pylist(items, schema=arrow_schema)
+        return pa.RecordBatch.from_pylist(rows.fit(items), schema=arrow_schema)
     except Exception as e:
-        raise _misfit_error(step_id, items, arrow_schema, e) from e
+        raise _misfit_error(step_id, items, rows, e) from e
 
 
-def _misfit_error(step_id: str, items: list[Any], arrow_schema: Any, e: Exception) -> FlowsparkRuntimeError:
+def _misfit_error(step_id: str, items: list[Any], rows: RowSchema, e: Exception) -> FlowsparkRuntimeError:
     """The error for dict items that do not fit a sink's schema: names the first such item."""
     import pyarrow as pa
 
     bad = items[0]
     for x in items:
         try:
-            pa.RecordBatch.from_pylist([x], schema=arrow_schema)
+            pa.RecordBatch.from_pylist(rows.fit([x]), schema=rows.arrow)
         except Exception:  # noqa: BLE001
             bad = x
             break
-    cols = ", ".join(f"{f.name} {f.type}" for f in arrow_schema)
+    cols = ", ".join(f"{f.name} {f.type}" for f in rows.arrow)
     # The explanation is part of the exception's message, so it survives a Spark task (codec).
     err = step_error(step_id, e, item=bad)
     detail = (
@@ -667,7 +673,7 @@ def stage_function(
     now: datetime,
     out_batch_rows: int = 8192,
     column_key: bool = False,
-    sink: Optional[tuple[str, Any]] = None,
+    sink: Optional[tuple[str, RowSchema]] = None,
     sample: Optional[tuple[int, int]] = None,
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """Build the function `mapInArrow` calls for one stage.
@@ -679,7 +685,7 @@ def stage_function(
         column_key: For a keyed stage with `spec.column_key`: its input rows are the
             source's rows keyed and sorted by Spark (see `column_key_runs`), not the
             rows of the source stage's port.
-        sink: `(step id, Arrow schema)` of the `SparkSink` that is the only reader of the
+        sink: `(step id, RowSchema)` of the `SparkSink` that is the only reader of the
             stage's only port (`SinkPlan.only_reader`): the stage then emits the sink's
             rows (dict items as typed columns) instead of `(p, k, seq, v)` rows.
         sample: `(port, n)`: emit only the pickled items (column `v`) of that port, and

@@ -31,6 +31,7 @@ from flowspark.spark.codec import (
     source_seq,
 )
 from flowspark.spark.plan import KeyedStep, Port, StageSpec
+from flowspark.spark.rows import RowSchema
 from flowspark.spark.streaming.state import BucketDriver
 from flowspark.spark.worker import run_stage_rows
 from flowspark.testing import TestingSink, TestingSource
@@ -380,16 +381,15 @@ def _seen_flow(source):
 
 
 @pytest.mark.parametrize("column_key", [False, True])
-def test_a_flat_bucket_call_gives_the_same_state_entries_and_sink_rows(column_key):
+def test_a_flat_bucket_call_gives_the_same_state_entries_and_sink_rows(spark, column_key):  # noqa: ARG001 (a DDL schema needs a session)
     """One `batch_fn` step writing a sink's rows (`BucketDriver.flat`) against the bare and the logic paths."""
     import pandas as pd
-    import pyarrow as pa
 
     plan = _seen_flow(
         SparkSource("parquet", "/x", schema="user STRING, v LONG", streaming=True) if column_key else TestingSource([])
     )
     spec = next(st.spec for st in plan.stages if st.spec.chain)
-    schema = pa.schema([("user", pa.string()), ("last", pa.list_(pa.int64()))])
+    schema = RowSchema("f.out", "user STRING, last ARRAY<BIGINT>", "UTC")
     rows = [("a", 1), ("b", 2), ("a", 0), ("e", 9), ("a", 3), ("c", 4), ("b", 5), ("a", 6), ("e", 0)]
 
     def frame_of(rows):  # a group's rows come in any order: sequences (row numbers) order each key's values

@@ -5,9 +5,9 @@ from __future__ import annotations
 import enum
 
 import pandas as pd
-import pyarrow as pa
 import pytest
 
+from flowspark.spark.rows import RowSchema
 from flowspark.spark.streaming.state import sink_frame
 from flowspark.spark.worker import dict_rows
 
@@ -16,7 +16,17 @@ class Color(str, enum.Enum):
     RED = "red"
 
 
-SCHEMA = pa.schema([("user", pa.string()), ("n", pa.int64()), ("x", pa.float64()), ("tag", pa.string())])
+T = pytest.importorskip("pyspark.sql.types")  # the schema's types (no session)
+SCHEMA = RowSchema(
+    "s.out",
+    T.StructType(
+        [
+            T.StructField(n, t())
+            for n, t in [("user", T.StringType), ("n", T.LongType), ("x", T.DoubleType), ("tag", T.StringType)]
+        ]
+    ),
+    "UTC",
+)
 
 
 @pytest.mark.parametrize(

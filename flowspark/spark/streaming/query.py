@@ -36,6 +36,7 @@ from flowspark.spark.compiler import as_graph, compile_flow
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import SparkSink, infer_schema, write_rows
 from flowspark.spark.plan import DEAD_PORT, Plan, SinkPlan, StagePlan, StageSpec
+from flowspark.spark.rows import RowSchema, row_schema
 from flowspark.spark.session import default_parallelism, is_connect, quiet_query_context
 from flowspark.spark.streaming.checkpoint import (
     check_flag,
@@ -675,8 +676,8 @@ class StreamingRun:
             self.dfs[spec.stage_id] = df
         return df
 
-    def _fused_sink(self, spec: StageSpec) -> Optional[tuple[str, Any]]:
-        """`(step id, Arrow schema)` when this keyed stage can write the lone file sink's rows itself.
+    def _fused_sink(self, spec: StageSpec) -> Optional[tuple[str, RowSchema]]:
+        """`(step id, RowSchema)` when this keyed stage can write the lone file sink's rows itself.
 
         That is when the stage's only port is the port of the query's lone `SparkSink`,
         which has a schema of atomic columns (pandas carries them unchanged).
@@ -684,12 +685,12 @@ class StreamingRun:
         lone = self._spark_writer_sink()
         if lone is None or lone.port != (spec.stage_id, 0) or len(spec.ports) != 1 or spec.dead_letter:
             return None
-        struct, arrow_schema = _sink_schema(lone.sink.schema)
-        if not _atomic(struct):
+        rows = row_schema(self.spark, lone.step_id, lone.sink.schema)
+        if not _atomic(rows.struct):
             return None
-        self._sink_struct = struct
+        self._sink_struct = rows.struct
         self._sink_fused_stage = spec.stage_id
-        return lone.step_id, arrow_schema
+        return lone.step_id, rows
 
     # -- sinks ------------------------------------------------------------------
     def _lone_native_sink(self) -> Optional[SinkPlan]:
@@ -739,7 +740,7 @@ class StreamingRun:
         Returns `None` when the sink has no schema yet and `sample()` found no items.
         """
         if sk.sink.schema is not None:
-            return _sink_schema(sk.sink.schema)[0]
+            return row_schema(self.spark, sk.step_id, sk.sink.schema).struct
         struct = self._schemas.get(sk.step_id)
         if struct is None:
             items = sample()
@@ -951,7 +952,6 @@ class StreamingRun:
                     parts[i].write_batch(routed[i])
             else:
                 import pyarrow as pa
-                from pyspark.sql.pandas.types import to_arrow_schema
 
                 misfits: Optional[list[Any]] = None if dead is None else []
                 struct = self._schema(sk, lambda: items if dead is None else [x for x in items if isinstance(x, dict)])
@@ -959,11 +959,12 @@ class StreamingRun:
                     assert dead is not None
                     dead.extend(record(sk.step_id, not_dict_error(sk.step_id, x), x) for x in items)
                     return
-                table = pa.Table.from_batches([dict_rows(sk.step_id, items, to_arrow_schema(struct), misfits)])
+                rows = row_schema(self.spark, sk.step_id, struct)
+                table = pa.Table.from_batches([dict_rows(sk.step_id, items, rows, misfits)])
                 if misfits:
                     assert dead is not None
                     dead.extend(r for _i, r in misfits)
-                write_rows(sk.step_id, sk.sink, self.spark.createDataFrame(table, struct), batch_id)
+                write_rows(sk.step_id, sk.sink, self.spark.createDataFrame(table, rows.struct), batch_id)
         except FlowsparkError:
             raise
         except Exception as e:
@@ -989,15 +990,6 @@ def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
     return step_error(step_id, ex)
 
 
-def _sink_schema(schema: Any) -> tuple[Any, Any]:
-    """`(StructType, Arrow schema)` of a SparkSink's schema (DDL string or StructType)."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-    from pyspark.sql.types import StructType
-
-    st = StructType.fromDDL(schema) if isinstance(schema, str) else schema
-    return st, to_arrow_schema(st)  # type: ignore[arg-type]
-
-
 def _atomic(st: Any) -> bool:
     """Whether every field of a StructType is atomic (pandas round-trips it unchanged)."""
     from pyspark.sql.types import ArrayType, MapType, StructType
@@ -1010,7 +1002,7 @@ def _dict_rows(spark: Any, df: Any, step_id: str, schema: Any, dead_dir: Optiona
 
     With `dead_dir`, items that do not fit go to the dead letter (written by the task).
     """
-    st, arrow_schema = _sink_schema(schema)
+    rows = row_schema(spark, step_id, schema)
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
@@ -1020,17 +1012,17 @@ def _dict_rows(spark: Any, df: Any, step_id: str, schema: Any, dead_dir: Optiona
             for b in batches:
                 items = loads_all(b.column(2).to_pylist())
                 if items:
-                    yield dict_rows(step_id, items, arrow_schema, misfits)
+                    yield dict_rows(step_id, items, rows, misfits)
             if misfits:
                 assert dead_dir is not None
                 ctx = TaskContext.get()
                 part = ctx.partitionId() if ctx is not None else 0
-                rows = [r for _i, r in misfits]
-                write_task_rows(dead_dir, f"part-sink-p{part:05d}", rows, task_batch_id())
+                records = [r for _i, r in misfits]
+                write_task_rows(dead_dir, f"part-sink-p{part:05d}", records, task_batch_id())
         except FlowsparkRuntimeError as f:
             raise RuntimeError(encode_task_error(f)) from None
 
-    return df.mapInArrow(fn, st)
+    return df.mapInArrow(fn, rows.struct)
 
 
 def caught_up(p: dict[str, Any]) -> bool:

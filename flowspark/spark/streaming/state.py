@@ -281,7 +281,7 @@ class BucketDriver:
             processing time of the micro-batch. With a clock, every bucket with a
             pending notification is visited in every micro-batch (Spark's timers
             cannot follow a foreign clock).
-        sink_rows: `(sink step id, Arrow schema)` when the stage's only port feeds the
+        sink_rows: `(sink step id, RowSchema)` when the stage's only port feeds the
             query's lone file sink: the output is then the sink's rows (dict items
             converted as `_dict_rows` does), saving a Python pass over every item.
         timers: Whether the query has timers (timeouts); without, no step can ask for
@@ -683,12 +683,12 @@ class BucketDriver:
     def _sink_items_frame(self, chain_items: list[Any]) -> Any:
         """`_sink_frame` of the chain's emitted items."""
         assert self.sink_rows is not None
-        step_id, arrow_schema = self.sink_rows
+        step_id, rows = self.sink_rows
         items = through(self.sink_line, chain_items) if self.sink_line is not None else None
         if items is None:  # not a line of one-to-one steps, or a step raised: step by step, for its error
             pairs = stage_streams(self.spec, [(b"", x) for x in chain_items]).get(self.spec.ports[0].stream, ())
             items = [x for _s, x in pairs]
-        return sink_frame(dict_rows(step_id, items, arrow_schema), items) if items else None
+        return sink_frame(dict_rows(step_id, items, rows), items) if items else None
 
     def pandas_function(self) -> Callable[[Any, Iterator[Any], Any], Iterator[Any]]:
         """Build the function `applyInPandasWithState` calls.
