@@ -37,3 +37,10 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test that takes the `spark` fixture is a Spark test (`-m "not spark"` leaves it out), marked or not."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.spark)

@@ -78,6 +78,7 @@ def cwd(tmp_path, monkeypatch):
     """A directory with `flows.py`; any attempt to start a SparkSession raises `SessionStarted`."""
     (tmp_path / "flows.py").write_text(FLOWS)
     monkeypatch.chdir(tmp_path)
+    _BEFORE[0] = _context()
 
     def started(*args, **kwargs):
         raise SessionStarted
@@ -90,10 +91,19 @@ def cwd(tmp_path, monkeypatch):
     sys.modules.pop("flows", None)  # the next test imports its own flows.py
 
 
-def _no_spark():
+def _context() -> object:
     from pyspark import SparkContext  # noqa: TID251
 
-    assert SparkContext._active_spark_context is None
+    return SparkContext._active_spark_context
+
+
+#: The SparkContext when the test started (`cwd`): none in a run of the fast loop, the shared
+#: session's when the Spark tests ran first (the full suite); a run of the CLI must not change it.
+_BEFORE: list[object] = [None]
+
+
+def _no_spark():
+    assert _context() is _BEFORE[0]
 
 
 def _refused(capsys, argv):
