@@ -130,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECS",
         help="streaming: stop after SECS seconds, between micro-batches (default: run until stopped)",
     )
+    run.add_argument(
+        "--clear-outputs",
+        action="store_true",
+        help="streaming: delete a file SparkSink's directory that holds another query's output (a new checkpoint "
+        "on an old output) instead of refusing to run",
+    )
     run.add_argument("--no-progress", action="store_true", help="do not print progress lines on stderr")
     run.add_argument("--explain", action="store_true", help="print the compiled Spark plan before running")
 
@@ -371,7 +377,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         f"--{name.replace('_', '-')}"
         for name in ("master", "remote", "checkpoint", "trigger", "timeout", "buckets", "state_layout")
         if getattr(args, name) is not None
-    ] + (["--conf"] if args.conf else [])
+    ] + [flag for flag, on in (("--conf", args.conf), ("--clear-outputs", args.clear_outputs)) if on]
     runtime = args.runtime or ("spark" if spark_only else "local")
     if args.master is not None and args.remote is not None:
         msg = "--master and --remote: give one (--remote runs through a Spark Connect server, which has its own master)"
@@ -388,7 +394,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     _need_pyspark("run --runtime spark")
     conf = dict(args.conf)
     unbounded = _unbounded_inputs(flow)
-    streaming_flags = (args.checkpoint, args.trigger, args.timeout, args.buckets, args.state_layout)
+    streaming_flags: tuple[Any, ...] = (args.checkpoint, args.trigger, args.timeout, args.buckets, args.state_layout)
+    streaming_flags += (args.clear_outputs or None,)
     if any(f is not None for f in streaming_flags) or unbounded:
         return _run_streaming(flow, args, conf, unbounded)
     from flowspark.spark import compile_flow, run
@@ -438,7 +445,8 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
     """
     if not unbounded:
         msg = (
-            "--checkpoint/--trigger/--timeout/--buckets/--state-layout apply to flows with an unbounded source; "
+            "--checkpoint/--trigger/--timeout/--buckets/--state-layout/--clear-outputs apply to flows with an "
+            "unbounded source; "
             "every source "
             "of this flow is bounded, so it runs as a Spark batch job: drop them"
         )
@@ -474,6 +482,7 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
         state_layout=args.state_layout,
         state_ttl=args.state_ttl,
         dead_letter=_dead_letter(args),
+        clear_outputs=args.clear_outputs,
         **({"buckets": args.buckets} if args.buckets is not None else {}),
     )
     return 0

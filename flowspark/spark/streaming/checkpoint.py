@@ -24,6 +24,7 @@ __all__ = [
     "check_layout",
     "check_meta",
     "check_recorded",
+    "check_sink_log",
     "load_counts",
     "pin_schema",
     "pinned_schemas",
@@ -61,7 +62,8 @@ def _check_recorded_meta(
         msg = (
             f"checkpoint {checkpoint!r} belongs to dataflow {old.get('flow_id')!r} with stateful steps "
             f"{old.get('stateful_steps')}; this is dataflow {flow_id!r} with {steps}; use another checkpoint "
-            "directory (or delete this one to start over)"
+            "directory, or delete this one to start over (a file SparkSink's output directory keeps the log of "
+            "the query that wrote it: start it over too, with a new output path or clear_outputs=True)"
         )
         raise RecoveryError(msg)
     if old.get("buckets") != buckets:
@@ -248,3 +250,60 @@ def _read(path: str) -> Any:
 
 def _write(path: str, meta: dict[str, object]) -> None:
     files(path).write_text(path, json.dumps(meta))
+
+
+def _batch_ids(fs: Any, log: str) -> list[int]:
+    """The micro-batch ids a Spark log directory holds (files `N`, or `N.compact` in a sink's log)."""
+    if not fs.isdir(log):
+        return []
+    ids = []
+    for name in fs.listdir(log):
+        head = name[: -len(".compact")] if name.endswith(".compact") else name
+        if head.isdigit():
+            ids.append(int(head))
+    return ids
+
+
+def check_sink_log(checkpoint: str, step_id: str, path: str, clear: bool = False, spark: Optional[Any] = None) -> bool:
+    """Refuse a file sink whose output directory holds another query's micro-batch log.
+
+    Spark's file sink skips every micro-batch whose id its directory's `_spark_metadata`
+    log already holds (exactly once across restarts of one query). A new checkpoint (or one
+    that never planned those ids) on such a directory would commit its micro-batches and
+    write nothing. So when the log holds a micro-batch id past the last one this checkpoint
+    planned (its `offsets` log; a micro-batch written but not committed is planned), the run
+    is refused before any micro-batch runs, or with `clear` the directory is emptied and
+    the query starts it over.
+
+    Args:
+        checkpoint: The query's checkpoint directory (`DIR`; Spark's logs under `DIR/query`).
+        step_id: The output step writing `path` (named in the error).
+        path: The sink's directory.
+        clear: Delete the directory (the other query's files and log) instead of refusing.
+        spark: The session whose file systems open a URI (default the active classic one).
+
+    Returns:
+        Whether the directory was cleared.
+
+    Raises:
+        RecoveryError: The directory holds another query's log and `clear` is false.
+    """
+    fs = files(path, spark)
+    written = _batch_ids(fs, join(path, "_spark_metadata"))
+    if not written:
+        return False
+    planned = _batch_ids(files(checkpoint, spark), join(checkpoint, "query", "offsets"))
+    last = max(planned, default=-1)
+    if max(written) <= last:
+        return False
+    if clear:
+        fs.rmtree(path)
+        return True
+    mine = "planned none" if last < 0 else f"planned micro-batches up to {last}"
+    msg = (
+        f"output step {step_id!r}: {path!r} holds the output of another streaming query (its _spark_metadata log "
+        f"has micro-batches up to {max(written)}; checkpoint {checkpoint!r} {mine}), and Spark's file sink would "
+        "skip those micro-batch ids and write nothing; write to a new output path, or pass clear_outputs=True "
+        "(flowspark run --clear-outputs) to delete that directory and start it over"
+    )
+    raise RecoveryError(msg)

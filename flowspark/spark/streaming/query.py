@@ -42,6 +42,7 @@ from flowspark.spark.streaming.checkpoint import (
     check_flag,
     check_layout,
     check_meta,
+    check_sink_log,
     load_counts,
     pin_schema,
     pinned_schemas,
@@ -337,6 +338,8 @@ class StreamingRun:
         self.layout: str = options.get("layout", "bucket")
         self.state_ttl: Optional[timedelta] = options.get("state_ttl")
         self.progress: Optional[Callable[[str], None]] = options.get("progress")
+        #: Empty a file sink's directory that holds another query's log instead of refusing it.
+        self.clear_outputs: bool = bool(options.get("clear_outputs", False))
         self.dfs: dict[int, Any] = {}
         self.query: Any = None
         self.batches = 0
@@ -755,6 +758,7 @@ class StreamingRun:
         """Build the query and start it with `trigger`; return the `StreamingQuery`."""
         from pyspark.sql import functions as F  # noqa: N812
 
+        self._check_output_log()
         if self.dead_dir is not None:
             files = self._spark_writer_sink()
             skips = None
@@ -846,6 +850,20 @@ class StreamingRun:
                 raise err from e
             raise
         return self.query
+
+    def _check_output_log(self) -> None:
+        """Refuse (or, with `clear_outputs`, empty) a file sink directory holding another query's log.
+
+        Only Spark's own file sink keeps that log; on Spark Connect a URI cannot be opened from
+        the client, and the server checks nothing: that case is left to the user (docs/streaming.md).
+        """
+        writer = self._spark_writer_sink()
+        if writer is None or writer.sink.format in ("kafka", "table"):
+            return
+        path = writer.sink.path
+        if self.connect and not is_local(path):
+            return
+        check_sink_log(self.checkpoint, writer.step_id, path, self.clear_outputs, None if self.connect else self.spark)
 
     def _open_sinks(self) -> None:
         for sk in self.plan.sinks:
@@ -1241,6 +1259,7 @@ def run_streaming(
     timeout: Optional[float] = None,
     explain: bool = False,
     dead_letter: Any = None,
+    clear_outputs: bool = False,
 ) -> StreamingRun:
     """Run a dataflow with unbounded sources as a Structured Streaming query.
 
@@ -1280,6 +1299,11 @@ def run_streaming(
             `ForeachBatchSink`) gets the rows at the driver in `foreachBatch`
             (at-least-once), and every output of the query then goes through
             `foreachBatch` too. See docs/streaming.md "Dead letter".
+        clear_outputs: A file `SparkSink` whose directory holds another query's output
+            (a `_spark_metadata` log with micro-batches this checkpoint never planned, e.g.
+            a new checkpoint on an old output) is refused before any micro-batch runs, since
+            Spark's file sink would skip those micro-batch ids and write nothing; `True`
+            deletes that directory instead, and the query writes it anew.
 
     Returns:
         The finished `StreamingRun` (its `query` holds Spark's progress reports).
@@ -1287,7 +1311,8 @@ def run_streaming(
     Raises:
         FlowsparkRuntimeError: A user callable failed in the query.
         FlowsparkCompileError: The flow cannot run as a streaming query.
-        RecoveryError: The checkpoint belongs to another flow or bucket count.
+        RecoveryError: The checkpoint belongs to another flow or bucket count, or a file
+            sink's directory holds another query's output (see `clear_outputs`).
         FlowsparkTypeError: A bad argument.
     """
     if not isinstance(checkpoint, str) or not checkpoint:
@@ -1353,6 +1378,7 @@ def run_streaming(
             "layout": layout,
             "state_ttl": state_ttl,
             "carry": carry,
+            "clear_outputs": clear_outputs,
         },
     )
     lst = _Listener(sr, show)
