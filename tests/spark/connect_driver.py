@@ -147,6 +147,28 @@ def parquet_sink(url: str, d: str) -> dict:
     return {"rows": rows}
 
 
+def complete(url: str, d: str) -> dict:
+    """`available_now` twice on one checkpoint through Connect: every file there at a run's start (complete_case)."""
+    from pathlib import Path
+
+    from complete_case import GAP, T0, canon, expected, read_rows, stage_run, streaming_flow
+
+    from flowspark.spark import run
+
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "examples", "streaming"))
+    from common import FileClock
+
+    spark = _session(url)
+    work = Path(d)
+    clock = FileClock(work / "now")
+    for i in range(2):
+        stage_run(work / "in", i)
+        clock.set(T0 + i * GAP)
+        flow = streaming_flow(work / "in", work / "out")
+        run(flow, spark=spark, checkpoint=str(work / "chk"), trigger="available_now", clock=clock, progress=False)
+    return {"streamed": canon(read_rows(work / "out")), "expected": expected(pause=True)}
+
+
 def no_flowspark(url: str, d: str) -> dict:
     """The server's workers lack flowspark: a batch job ships it; a stream carries it (two runs, one checkpoint)."""
     from flowspark.spark import run
@@ -191,7 +213,7 @@ def no_flowspark(url: str, d: str) -> dict:
     }
 
 
-SCENARIOS = {f.__name__: f for f in (stream, sink_down, stream_user_error, parquet_sink, no_flowspark)}
+SCENARIOS = {f.__name__: f for f in (stream, sink_down, stream_user_error, parquet_sink, complete, no_flowspark)}
 
 if __name__ == "__main__":
     name, url, d = sys.argv[1:4]

@@ -131,6 +131,11 @@ def test_a_stream_to_a_spark_sink_through_connect(server, tmp_path):
     ]
 
 
+def test_available_now_through_connect_processes_every_file_there_at_its_start(server, tmp_path):
+    res = _scenario("complete", server, tmp_path)
+    assert res["streamed"] == res["expected"]
+
+
 def test_cli_run_remote(server, tmp_path):
     flow = tmp_path / "cliflow.py"
     flow.write_text(
