@@ -542,7 +542,7 @@ class _StatefulRt(_Rt):
                     touched[key] = None
             if self.heap:
                 self._on_notify(ex.now(), out, touched)
-            if not self.eof_done and ex.is_eof(self.up):
+            if self._eof_now(ex, items):
                 self.eof_done = True
                 if self.notifies:
                     # Bytewax sees end of input in a later activation, which first fires the
@@ -561,6 +561,18 @@ class _StatefulRt(_Rt):
             if out_ends is not None and len(out) != (out_ends[-1] if out_ends else 0):
                 out_ends.append(len(out))
         return out, touched
+
+    def _eof_now(self, ex: _Executor, items: list[Any]) -> bool:
+        """Whether end of input reaches this step in this pass.
+
+        In Bytewax a stateful step sees end of input in a later activation than the last
+        items its upstream sent (the upstream's `on_eof` emits included). Where a pass is
+        one activation (`one_batch_per_pass`: streams merge downstream), a pass that
+        brought items therefore leaves end of input to the next pass, so a `merge` below
+        gets the items' emits and the `on_eof` emits apart, in that order. Otherwise the
+        pass's activation bounds keep them apart (`out_ends`).
+        """
+        return not self.eof_done and ex.is_eof(self.up) and not (items and ex.one_batch_per_pass)
 
     def _expire(self, now: datetime) -> list[str]:
         """Drop the logics of keys that got no value for `ttl` (no `on_eof`, no notification); return their keys."""
@@ -651,7 +663,7 @@ class _StatefulRt(_Rt):
         logics = self.logics
         ends = None if bounds is None else list(range(1, len(items) + 1)) if bounds is _SINGLES else bounds
         self.driver.feed_grouped(logics, items, ends, out, touched, out_ends, now=now)
-        if not self.eof_done and ex.is_eof(self.up):
+        if self._eof_now(ex, items):
             self.eof_done = True
             for key in sorted(logics):
                 touched[key] = None
