@@ -38,7 +38,7 @@ def server(tmp_path_factory):
     stop_server(proc)
 
 
-def _scenario(name: str, url: str, d: Path, timeout: float = 600) -> dict:
+def _scenario(name: str, url: str, d: Path, timeout: float = 600, quiet: bool = False) -> dict:
     r = subprocess.run(
         [sys.executable, str(HERE / "connect_driver.py"), name, url, str(d)],
         capture_output=True,
@@ -50,6 +50,8 @@ def _scenario(name: str, url: str, d: Path, timeout: float = 600) -> dict:
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0, f"{name} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
     assert lines, f"{name} printed no RESULT line:\n{r.stdout[-3000:]}"
+    if quiet:  # a successful run prints nothing on stderr
+        assert r.stderr.strip() == "", r.stderr[-3000:]
     return json.loads(lines[-1][len("RESULT ") :])
 
 
@@ -132,7 +134,7 @@ def test_a_stream_to_a_spark_sink_through_connect(server, tmp_path):
 
 
 def test_available_now_through_connect_processes_every_file_there_at_its_start(server, tmp_path):
-    res = _scenario("complete", server, tmp_path)
+    res = _scenario("complete", server, tmp_path, quiet=True)
     assert res["streamed"] == res["expected"]
 
 
