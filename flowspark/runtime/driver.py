@@ -672,17 +672,27 @@ class StepDriver:
                 if discard:
                     logic = None
             return out, logic
-        for seq, v in items:
+        # One activation at a time (the values sharing their tag's activation header; a
+        # runtime without tags hands one activation): the notifications due by now fire
+        # first, then the activation's values go to one `on_batch`, as in Bytewax, where
+        # due notifications are looked at between activations, not between values.
+        start, n = 0, len(items)
+        while start < n:
+            head = items[start][0][:HEAD_LEN]
+            end = start + 1
+            while end < n and items[end][0][:HEAD_LEN] == head:
+                end += 1
+            chunk = items[start:end]
+            start = end
             if logic is None:
                 logic = self.build(key)
             logic, ws = self.fire_due(key, logic, now)
             if logic is None:
                 logic = self.build(key)
-            more, discard = self.feed(key, logic, [v])
+            more, discard = self.feed(key, logic, [v for _, v in chunk])
             ws.extend(more)
             if ws:
-                tag = regroup(seq, mid)
-                out.extend([(tag + idx(n), w) for n, w in enumerate(ws)])
+                _tag_emits(chunk, ws, mid, True, out)
             if discard:
                 logic = None
         if eof and logic is not None:

@@ -532,3 +532,45 @@ def test_end_of_input_through_two_stateful_steps_meets_a_merge_in_bytewax_order(
     # a merge below gets those apart, in that order (once, in memory, [2001, 102, 2001]).
     ours = per_key(_two_timers_then_branch_and_merge(FLOWSPARK, items))
     assert ours == per_key(_two_timers_then_branch_and_merge(BYTEWAX, items))
+
+
+def _batches_of_a_notifying_logic(api: Api, **run: Any) -> list[Any]:
+    """A StatefulBatchLogic arming a notification already due on every batch; its `on_batch` calls."""
+    op = api.op
+    past = datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+    class Arming(op.StatefulBatchLogic):  # type: ignore[name-defined,misc]
+        def __init__(self, state: Any) -> None:
+            self.armed = state
+
+        def on_batch(self, values: list[int]) -> tuple[list[Any], bool]:
+            self.armed = past
+            return [("batch", list(values))], self.RETAIN
+
+        def on_notify(self) -> tuple[list[Any], bool]:
+            self.armed = None
+            return [("notify",)], self.RETAIN
+
+        def notify_at(self) -> Any:
+            return self.armed
+
+        def snapshot(self) -> Any:
+            return self.armed
+
+    flow = api.Dataflow("arming")
+    s = op.input("inp", flow, api.TestingSource([("a", 1), ("a", 2), ("b", 5), ("a", 3)], batch_size=3))
+    out: list[Any] = []
+    op.output("out", op.stateful_batch("s", s, Arming), api.TestingSink(out))
+    api.run_main(flow, **run)
+    return [(k, v) for k, v in out if v[0] == "batch"]
+
+
+def test_a_notifying_logic_gets_each_activations_values_in_one_on_batch_on_the_fixed_timeline():
+    # The fixed timeline (Spark batch's, `clock="fixed"` in memory) once called on_batch with one
+    # value at a time when the logic had a notification pending: Bytewax hands an activation's
+    # values of a key to one on_batch.
+    fixed = _batches_of_a_notifying_logic(
+        FLOWSPARK, clock="fixed", start_time=datetime(2025, 1, 1, tzinfo=timezone.utc)
+    )
+    assert fixed == _batches_of_a_notifying_logic(BYTEWAX)
+    assert ("a", ("batch", [1, 2])) in fixed
