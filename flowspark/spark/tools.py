@@ -439,15 +439,21 @@ def streaming_physical_plans(flow: Any, spark: Any, buckets: int, mode: str = "f
         `(stage id, plan text)` for every stage.
     """
     from flowspark.spark.streaming import StreamingRun, compile_streaming, needs_timers
+    from flowspark.spark.streaming.checkpoint import check_meta
 
     plan = compile_streaming(flow)
-    options = {
-        "checkpoint": tempfile.gettempdir(),
-        "buckets": buckets,
-        "clock": None,
-        "max_items": 100_000,
-        "timers": needs_timers(plan),
-    }
-    sr = StreamingRun(plan, spark, options)
-    sr.build()
-    return [(sid, explain_string(spark, df, mode)) for sid, df in sorted(sr.dfs.items())]
+    # A new query's choices, recorded in a throwaway checkpoint (never the temp folder itself,
+    # nor a checkpoint of the user's: building the DataFrames records and reads its flags).
+    with tempfile.TemporaryDirectory(prefix="flowspark-plan-") as scratch:
+        steps = [ks.step_id for ks in plan.keyed_steps()]
+        check_meta(scratch, plan.flow_id, buckets, steps, needs_timers(plan))
+        options = {
+            "checkpoint": scratch,
+            "buckets": buckets,
+            "clock": None,
+            "max_items": 100_000,
+            "timers": needs_timers(plan),
+        }
+        sr = StreamingRun(plan, spark, options)
+        sr.build()
+        return [(sid, explain_string(spark, df, mode)) for sid, df in sorted(sr.dfs.items())]

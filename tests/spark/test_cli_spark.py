@@ -178,3 +178,32 @@ def test_plan_spark_streaming_physical_plan(spark, tmp_path, capsys):
     assert "FlatMapGroupsInPandasWithState" in stage1
     assert "pmod(hash(k" in stage1
     assert ", 4)" in stage1
+
+
+def test_plan_spark_of_a_spark_keyed_stream_reads_and_writes_no_checkpoint(spark, tmp_path, capsys, monkeypatch):
+    """The plan records the query's choices in a throwaway checkpoint, never in the temp folder itself."""
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "events"
+    data.mkdir()
+    pq.write_table(pa.table({"user": ["ann", "bob"]}), data / "0.parquet")
+    (tmp_path / "keyed_flows.py").write_text(
+        "import flowspark.operators as op\n"
+        "from flowspark.dataflow import Dataflow\n"
+        "from flowspark.spark import SparkSink, SparkSource\n"
+        "flow = Dataflow('keyed')\n"
+        f"rows = op.input('inp', flow, SparkSource('parquet', {str(data)!r}, schema='user STRING', streaming=True))\n"
+        "counts = op.stateful_map('count', op.key_on('key', rows, lambda r: r['user']), "
+        "lambda n, r: ((n or 0) + 1, (n or 0) + 1))\n"
+        "op.output('out', op.map('row', counts, lambda kv: {'user': kv[0], 'n': kv[1]}), "
+        f"SparkSink('parquet', {str(tmp_path / 'out')!r}, schema='user STRING, n LONG'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    assert main(["plan", "keyed_flows:flow", "--spark"]) == 0
+    assert list(scratch.iterdir()) == []  # nothing left in the temp folder (it once held flowspark.json)
