@@ -8,12 +8,15 @@ stopping the run when
   `map_value`, `branch`'s predicate ... every `flat_map_batch` and `branch`) raises
   for it or returns something malformed for it;
 - it enters a stateful step without being a `(str key, value)` pair;
-- it does not fit a `SparkSink`'s schema (or is not a dict).
+- it does not fit a `SparkSink`'s schema (or is not a dict);
+- it is a row of a JSON or CSV `SparkSource` that Spark could not parse
+  (`malformed_record`: no item was ever made of it).
 
 Each such item becomes one dead-letter row (`FIELDS`): the step id, the error's
-type and message, the item's `repr`, and the batch id (the micro-batch id in a
-stream; the executor's epoch in memory; 0 in a Spark batch job). Every other
-item goes on. Without the option nothing changes: the run fails naming the step.
+type and message, the item's `repr` (a malformed row's raw text itself), and the
+batch id (the micro-batch id in a stream; the executor's epoch in memory; 0 in a
+Spark batch job). Every other item goes on. Without the option nothing changes:
+the run fails naming the step.
 
 An exception inside a stateful step's logic still stops the run: the key's state
 would be undefined. An inspector's exception (`op.inspect`) stops it too.
@@ -32,10 +35,25 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
-from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
+from flowspark.errors import (
+    MALFORMED_INPUT,
+    FlowsparkRuntimeError,
+    FlowsparkTypeError,
+    malformed_input_text,
+    step_error,
+)
 from flowspark.outputs import DynamicSink, Sink, StatelessSinkPartition
 
-__all__ = ["FIELDS", "SCHEMA", "DeadLetterDir", "DeadLetters", "dead_letter_arg", "dead_letter_step", "record"]
+__all__ = [
+    "FIELDS",
+    "SCHEMA",
+    "DeadLetterDir",
+    "DeadLetters",
+    "dead_letter_arg",
+    "dead_letter_step",
+    "malformed_record",
+    "record",
+]
 
 #: The fields of a dead-letter row, in order.
 FIELDS = ("step_id", "error_type", "error_message", "item", "batch_id")
@@ -69,6 +87,31 @@ def record(step_id: str, error: BaseException, item: Any) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001
         text = f"<{type(item).__name__} whose repr() raised {type(e).__name__}: {e}>"
     return {"step_id": step_id, "error_type": etype, "error_message": emsg, "item": text}
+
+
+def malformed_record(step_id: str, file: str, raw: str) -> dict[str, Any]:
+    """The dead-letter row (without its batch id) of a row an input step could not parse.
+
+    Args:
+        step_id: The input step.
+        file: The file the row came from.
+        raw: The row's raw text.
+
+    Returns:
+        `error_type` `"MalformedInput"`, `error_message` naming the file with the raw text's
+        first 200 characters (`flowspark.errors.malformed_input_text`), `item` the whole raw
+        text as read (not a `repr`).
+
+    Example:
+        >>> malformed_record("f.inp", "file:/data/p1.json", "{bad")["error_message"]
+        'malformed input row in file:/data/p1.json: {bad'
+    """
+    return {
+        "step_id": step_id,
+        "error_type": MALFORMED_INPUT,
+        "error_message": malformed_input_text(file, raw),
+        "item": raw,
+    }
 
 
 def dead_letter_step(flow_id: str) -> str:

@@ -55,6 +55,8 @@ __all__ = [
     "RecoveryError",
     "SingleWorkerError",
     "WorkerEnvironmentError",
+    "malformed_input_error",
+    "malformed_input_text",
     "resumed_error",
     "step_error",
 ]
@@ -296,6 +298,54 @@ def step_error(
         err = cls(step_id, message, key, err.exc_type, err.exc_message, shown)
     err.__cause__ = exc
     return err
+
+
+#: Characters of a malformed input row's raw text that its error message shows.
+RAW_SHOWN = 200
+#: The `exc_type` (and dead-letter `error_type`) of a row a source could not parse.
+MALFORMED_INPUT = "MalformedInput"
+
+
+def malformed_input_text(file: str, raw: str) -> str:
+    """What is wrong with a row a source could not parse: its file and raw text (cut to `RAW_SHOWN` characters).
+
+    Args:
+        file: The file the row came from.
+        raw: The row's raw text.
+
+    Returns:
+        The text.
+
+    Example:
+        >>> malformed_input_text("file:/data/p1.json", '{"user": "eve", "url": ')
+        'malformed input row in file:/data/p1.json: {"user": "eve", "url": '
+    """
+    return f"malformed input row in {file}: {raw[:RAW_SHOWN]}"
+
+
+def malformed_input_error(step_id: str, file: str, raw: str) -> FlowsparkRuntimeError:
+    """The error that stops a run at a row its input step could not parse (no dead letter).
+
+    Args:
+        step_id: The input step.
+        file: The file the row came from.
+        raw: The row's raw text.
+
+    Returns:
+        The error: names the step, the file and the raw text, and says how to go on.
+
+    Example:
+        >>> err = malformed_input_error("f.inp", "file:/data/p1.json", "{bad")
+        >>> err.step_id, err.exc_type, err.exc_message
+        ('f.inp', 'MalformedInput', 'malformed input row in file:/data/p1.json: {bad')
+    """
+    what = malformed_input_text(file, raw)
+    msg = (
+        f"error in step {step_id!r}: {what}; fix or remove the row in the file, or run with a dead letter "
+        "(dead_letter=DeadLetterDir(path), flowspark run --dead-letter PATH), which keeps such rows with their "
+        "file and goes on"
+    )
+    return FlowsparkRuntimeError(step_id, msg, None, MALFORMED_INPUT, what)
 
 
 def _type_name(x: Any) -> str:

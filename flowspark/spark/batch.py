@@ -27,6 +27,7 @@ from flowspark.errors import (
 )
 from flowspark.outputs import part_of
 from flowspark.spark.codec import HEAD_LEN, decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
+from flowspark.spark.inputs import load_rows
 from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
 from flowspark.spark.rows import RowSchema, row_schema
@@ -171,6 +172,8 @@ class _Job:
         self.lowered: dict[int, str] = {}
         #: With a dead letter: `(seq, v)` DataFrames of the items native sinks refused, and the writer.
         self.misfits: list[Any] = []
+        #: With a dead letter: `(seq, v)` DataFrames of the SparkSources' malformed rows (`load_rows`).
+        self.malformed: list[Any] = []
         self.dead: Any = None
         #: The keyed stages Spark keys itself (`column_keys`), each with its source DataFrame.
         self.keyed_by_spark: dict[int, Any] = {}
@@ -306,9 +309,12 @@ class _Job:
         if spec.source == "native":
             if spec.stage_id not in self.loaded:
                 try:
-                    self.loaded[spec.stage_id] = src.load(self.spark)
+                    df, bad = load_rows(src, self.spark, sid, self.plan.dead_letter is not None)
                 except Exception as e:
                     raise _fail(sid, e) from e
+                self.loaded[spec.stage_id] = df
+                if bad is not None:
+                    self.malformed.append(bad.select("seq", "v"))
             return self.loaded[spec.stage_id]
         if spec.source == "chunks":
             items = src.driver_items(sid)
@@ -361,6 +367,7 @@ class _Job:
             self.dfs[s].filter(F.col("p") == p).select("seq", "v") for s, p in self.plan.dead_ports() if s in self.dfs
         ]
         parts.extend(self.misfits)
+        parts.extend(self.malformed)
         df = parts[0]
         for other in parts[1:]:
             df = df.union(other)

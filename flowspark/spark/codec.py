@@ -30,7 +30,9 @@
   first component that differs and never reach the padding; sorting by sequence
   gives the order of `run_main(clock="fixed")` and, within a key, exactly.
 - **Errors** (`encode_task_error` / `decode_task_error`): a marker that carries a
-  `FlowsparkRuntimeError` through Spark's (Java) exception chain to the driver.
+  `FlowsparkRuntimeError` through Spark's (Java) exception chain to the driver. A
+  malformed input row is reported by Spark itself (`raise_error`, no Python worker),
+  with a marker of hex fields built in SQL (`MALFORMED_MARK`).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any, Optional
 
 import cloudpickle
 
-from flowspark.errors import FlowsparkRuntimeError, FlowsparkRuntimeTypeError
+from flowspark.errors import FlowsparkRuntimeError, FlowsparkRuntimeTypeError, malformed_input_error
 from flowspark.runtime.driver import EOF_BASE, EOF_HEADER, HEAD_LEN, SOURCE_LEN, idx
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "SINGLES",
     "EOF_HEADER",
     "HEAD_LEN",
+    "MALFORMED_MARK",
     "apply_pad",
     "decode_task_error",
     "dumps",
@@ -300,6 +303,10 @@ def apply_pad(seq: bytes, pad: bytes) -> bytes:
 
 # --------------------------------------------------------------------------- errors
 _MARK_RE = re.compile(r"FLOWSPARK_TASK_ERROR<<([A-Za-z0-9+/=]+)>>")
+#: Starts the marker of a malformed input row: `FLOWSPARK_MALFORMED<<step|file|raw>>`, each field the
+#: hex of its UTF-8 bytes (built by Spark SQL's `hex`: `flowspark.spark.inputs`).
+MALFORMED_MARK = "FLOWSPARK_MALFORMED"
+_MALFORMED_RE = re.compile(MALFORMED_MARK + r"<<([0-9A-Fa-f]*)\|([0-9A-Fa-f]*)\|([0-9A-Fa-f]*)>>")
 
 
 def encode_task_error(fail: FlowsparkRuntimeError) -> str:
@@ -338,11 +345,16 @@ def decode_task_error(text: str) -> Optional[FlowsparkRuntimeError]:
         and key, with the original exception as `__cause__` (when it could be
         unpickled) and attributes `exc_type` and `exc_message` (the same text the
         in-memory executor gives, with what the worker's message adds to it, such as
-        `flowspark.errors.resumed_error`'s advice); `None` when `text` holds no marker.
+        `flowspark.errors.resumed_error`'s advice), or `flowspark.errors.malformed_input_error`
+        for a `MALFORMED_MARK`; `None` when `text` holds no marker.
     """
     m = _MARK_RE.search(text)
     if m is None:
-        return None
+        bad = _MALFORMED_RE.search(text)
+        if bad is None:
+            return None
+        step_id, file, raw = (bytes.fromhex(h).decode("utf-8", "replace") for h in bad.groups())
+        return malformed_input_error(step_id, file, raw)
     step_id, key, type_name, message, blob, type_error, item, said = pickle.loads(base64.b64decode(m.group(1)))
     cls = FlowsparkRuntimeTypeError if type_error else FlowsparkRuntimeError
     err = cls.describe(step_id, type_name, message, key, item)

@@ -155,3 +155,24 @@ def test_record_unwraps_flowspark_errors_and_survives_a_broken_repr():
     assert r["error_type"] == "KeyError"
     assert r["error_message"] == "'k'"
     assert r["item"].startswith("<Ugly whose repr() raised ValueError")
+
+
+def test_a_malformed_row_marker_built_by_spark_decodes_to_the_input_steps_error():
+    """The marker `flowspark.spark.inputs.load_rows` builds in SQL (hex of UTF-8 fields) inside a Spark error."""
+    from flowspark.deadletter import malformed_record
+    from flowspark.spark.codec import MALFORMED_MARK, decode_task_error
+
+    step, file, raw = "f.inp", "file:/data/p1.json", '{"user": "é' + "x" * 300
+    hexed = "|".join(x.encode().hex().upper() for x in (step, file, raw[:200]))
+    err = decode_task_error(f"[USER_RAISED_EXCEPTION] {MALFORMED_MARK}<<{hexed}>> SQLSTATE: P0001")
+    assert isinstance(err, FlowsparkRuntimeError)
+    assert err.step_id == step
+    assert err.exc_type == "MalformedInput"
+    assert str(err).startswith(f"error in step 'f.inp': malformed input row in {file}: {raw[:200]}; fix")
+    assert "key function" not in str(err)
+    assert malformed_record(step, file, raw) == {
+        "step_id": step,
+        "error_type": "MalformedInput",
+        "error_message": f"malformed input row in {file}: {raw[:200]}",
+        "item": raw,
+    }

@@ -27,7 +27,16 @@ from flowspark.spark.plan import DEAD_PORT
 from flowspark.spark.streaming.ckfs import files, join
 from flowspark.spark.streaming.routing import ROUTE
 
-__all__ = ["clear_uncommitted", "file_sink_written", "split_dead", "task_batch_id", "write_task_rows"]
+__all__ = [
+    "MalformedRows",
+    "clear_uncommitted",
+    "file_sink_written",
+    "keep_in_dir",
+    "keep_in_driver",
+    "split_dead",
+    "task_batch_id",
+    "write_task_rows",
+]
 
 _BATCH_ID = "streaming.sql.batchId"
 
@@ -57,6 +66,70 @@ def write_task_rows(sink: DeadLetterDir, name: str, rows: list[dict[str, Any]], 
     folder = sink.batch_folder(batch_id)
     folder.mkdir(parents=True, exist_ok=True)
     sink.write_file(folder, rows, name)
+
+
+def keep_in_dir(sink: DeadLetterDir, tag: str) -> Callable[[dict[str, list[dict[str, Any]]]], None]:
+    """A source's malformed rows (`flowspark.spark.inputs.load_rows`' `keep`) written by the task that read them.
+
+    One file per file split of the micro-batch, `part-<tag>-<hash of the split>`, written aside
+    and renamed: a split read again (a retried task, a replayed micro-batch) replaces its file.
+
+    Args:
+        sink: The dead-letter directory.
+        tag: Names the source stage in the file names (e.g. `s0-input`).
+
+    Returns:
+        `keep({split: records})`.
+    """
+
+    def keep(splits: dict[str, list[dict[str, Any]]]) -> None:
+        import hashlib
+
+        batch_id = task_batch_id()
+        for split, rows in splits.items():
+            name = hashlib.sha1(split.encode(), usedforsecurity=False).hexdigest()[:20]
+            write_task_rows(sink, f"part-{tag}-{name}", rows, batch_id)
+
+    return keep
+
+
+class MalformedRows:
+    """Accumulator param of a stream's malformed source rows for a dead letter at the driver.
+
+    `{batch id: {split: records}}`; a split reported twice (read twice in a micro-batch, a
+    retried task) keeps one copy of its records.
+    """
+
+    def zero(self, value: dict[int, dict[str, list[Any]]]) -> dict[int, dict[str, list[Any]]]:
+        """No rows."""
+        return {}
+
+    def addInPlace(  # noqa: N802 - Spark's name
+        self, a: dict[int, dict[str, list[Any]]], b: dict[int, dict[str, list[Any]]]
+    ) -> dict[int, dict[str, list[Any]]]:
+        """Add `b`'s splits to `a`'s."""
+        for batch_id, splits in b.items():
+            a.setdefault(batch_id, {}).update(splits)
+        return a
+
+
+def keep_in_driver(acc: Any) -> Callable[[dict[str, list[dict[str, Any]]]], None]:
+    """A source's malformed rows (`load_rows`' `keep`) added to an accumulator (`MalformedRows`) by micro-batch id.
+
+    The driver takes a micro-batch's rows when it hands the micro-batch's outputs over
+    (at-least-once, as every dead row written at the driver).
+
+    Args:
+        acc: The accumulator.
+
+    Returns:
+        `keep({split: records})`.
+    """
+
+    def keep(splits: dict[str, list[dict[str, Any]]]) -> None:
+        acc.add({task_batch_id(): splits})
+
+    return keep
 
 
 def _dead_writer(sink: DeadLetterDir, tag: str) -> Callable[[Iterator[Any]], Iterator[Any]]:

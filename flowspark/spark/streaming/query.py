@@ -33,7 +33,7 @@ from flowspark.outputs import route_to_parts
 from flowspark.spark.batch import seq_column
 from flowspark.spark.codec import decode_task_error, encode_task_error, loads, loads_all
 from flowspark.spark.compiler import as_graph, compile_flow
-from flowspark.spark.inputs import SparkSource
+from flowspark.spark.inputs import SparkSource, load_rows
 from flowspark.spark.outputs import SparkSink, infer_schema, write_rows
 from flowspark.spark.plan import DEAD_PORT, Plan, SinkPlan, StagePlan, StageSpec
 from flowspark.spark.rows import RowSchema, row_schema
@@ -50,8 +50,11 @@ from flowspark.spark.streaming.checkpoint import (
 )
 from flowspark.spark.streaming.ckfs import check_reachable, is_local
 from flowspark.spark.streaming.deadletter import (
+    MalformedRows,
     clear_uncommitted,
     file_sink_written,
+    keep_in_dir,
+    keep_in_driver,
     split_dead,
     task_batch_id,
     write_task_rows,
@@ -366,6 +369,8 @@ class StreamingRun:
         self.dead_dir: Optional[DeadLetterDir] = (
             plan.dead_letter if isinstance(plan.dead_letter, DeadLetterDir) else None
         )
+        #: A dead letter at the driver: the SparkSources' malformed rows by micro-batch (`MalformedRows`).
+        self._malformed: Any = None
 
     # -- building ---------------------------------------------------------------
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
@@ -381,7 +386,8 @@ class StreamingRun:
         src = st.source
         if isinstance(src, SparkSource):
             try:
-                return src.load(self.spark)
+                keep = self._keep_malformed(spec.stage_id)
+                return load_rows(src, self.spark, spec.source_step, keep is not None, keep)[0]
             except FlowsparkError:
                 raise
             except Exception as e:
@@ -400,6 +406,24 @@ class StreamingRun:
             tasks=default_parallelism(self.spark),
         )
         return self.spark.readStream.format(pysource.FORMAT).options(**opts).load()
+
+    def _keep_malformed(self, stage: int) -> Optional[Callable[[dict[str, list[dict[str, Any]]]], None]]:
+        """Where a SparkSource's malformed rows go with a dead letter (`load_rows`' `keep`); `None` without one.
+
+        Read in the same pass as the rows that parsed: a second read would be a second source
+        of the query. `None` too on Spark Connect with a dead letter at the driver (no
+        accumulators): a malformed row then stops the query, as without a dead letter.
+        """
+        if self.dead_dir is not None:
+            return keep_in_dir(self.dead_dir, f"s{stage}-input")
+        if self.plan.dead_letter is None:
+            return None
+        if self._malformed is None:
+            try:
+                self._malformed = self.spark.sparkContext.accumulator({}, MalformedRows())
+            except Exception:  # noqa: BLE001 - a session without a SparkContext (Connect)
+                return None
+        return keep_in_driver(self._malformed)
 
     def _driver(self, spec: StageSpec, route: Optional[Route] = None, column_key: bool = False) -> BucketDriver:
         """The bucket driver of a keyed stage."""
@@ -903,7 +927,7 @@ class StreamingRun:
         ps = table.column("p").to_pylist()
         vs = table.column("v").to_pylist()
         by_port: dict[tuple[int, int], list[Any]] = {}
-        dead: list[Any] = []
+        dead: list[Any] = self._malformed_rows(batch_id)
         for s, p, v in zip(sts, ps, vs, strict=True):
             if p == DEAD_PORT:
                 dead.append(loads(v))  # in sequence order, across stages
@@ -928,6 +952,15 @@ class StreamingRun:
         except Exception as e:
             self._error = _fail(getattr(e, "step_id", "sink"), e)
             raise
+
+    def _malformed_rows(self, batch_id: int) -> list[Any]:
+        """The SparkSources' malformed rows of a micro-batch for a dead letter at the driver (taken once)."""
+        if self._malformed is None:
+            return []
+        seen = dict(self._malformed.value)
+        splits = seen.pop(batch_id, {})
+        self._malformed.value = seen
+        return [r for _split, rows in sorted(splits.items()) for r in rows]
 
     def _foreach_rows(self, sk: SinkPlan, df: Any, batch_id: int) -> None:
         """Hand one micro-batch's rows of the lone native sink (`(k, seq, v)` rows) to the sink as a DataFrame."""
