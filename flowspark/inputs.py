@@ -22,7 +22,7 @@ from typing import Any, Callable, Generic, Optional, TypeVar, Union, cast
 from typing_extensions import override
 
 from flowspark._time import utc_now
-from flowspark.errors import FlowsparkTypeError
+from flowspark.errors import FlowsparkTypeError, MissingPathError, NotADirectoryPathError
 
 X = TypeVar("X")
 S = TypeVar("S")
@@ -732,8 +732,10 @@ class DirSource(FixedPartitionedSource[str, int]):
             (default: the device number). Must not contain `::`.
 
     Raises:
-        FileNotFoundError: `dir_path` does not exist.
-        NotADirectoryError: `dir_path` is a file.
+        MissingPathError: `dir_path` does not exist (a `ValueError`, as in Bytewax,
+            and a `FileNotFoundError`).
+        NotADirectoryPathError: `dir_path` is a file (a `ValueError` and a
+            `NotADirectoryError`).
 
     Example:
         >>> import tempfile, pathlib
@@ -761,11 +763,11 @@ class DirSource(FixedPartitionedSource[str, int]):
     def _check_dir(self) -> None:
         d = self._dir_path
         if not d.exists():
-            msg = f"DirSource: input directory {str(d)!r} does not exist{_cwd_note(d)}; create it or fix the path"
-            raise FileNotFoundError(msg)
+            msg = f"DirSource: input directory `{d}` does not exist{_cwd_note(d)}; create it or fix the path"
+            raise MissingPathError(msg)
         if not d.is_dir():
-            msg = f"DirSource: {str(d)!r} is not a directory; use FileSource to read a single file"
-            raise NotADirectoryError(msg)
+            msg = f"DirSource: input directory `{d}` is not a directory; use FileSource to read a single file"
+            raise NotADirectoryPathError(msg)
 
     @property
     def dir_path(self) -> Path:

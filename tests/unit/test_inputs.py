@@ -22,6 +22,7 @@ import flowspark
 import flowspark.operators as op
 from flowspark._time import use_clock
 from flowspark.dataflow import Dataflow
+from flowspark.errors import FlowsparkRuntimeError
 from flowspark.inputs import (
     AbortExecution,
     DynamicSource,
@@ -46,6 +47,15 @@ def _run(source: Any, **kwargs: Any) -> list[Any]:
     op.output("out", op.input("inp", flow, source), TestingSink(out))
     run_main(flow, **kwargs)
     return out
+
+
+def test_a_flow_without_input_fails_at_run_main_with_a_runtime_error_caused_by_a_value_error() -> None:
+    with pytest.raises(FlowsparkRuntimeError) as info:
+        run_main(Dataflow("test_df"))
+    assert not isinstance(info.value, ValueError)
+    cause = info.value.__cause__
+    assert isinstance(cause, ValueError)
+    assert "at least one input" in str(cause)
 
 
 # -- next_batch may return any iterable ------------------------------------------------------
