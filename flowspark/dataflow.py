@@ -21,12 +21,20 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import re
+import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Callable, Generic, Optional, TypeVar
 
 from typing_extensions import TypeAlias
 
-from flowspark.errors import DuplicateStepError, FlowsparkBuildError, FlowsparkTypeError, IncompleteDataflowError
+from flowspark.errors import (
+    DuplicateStepError,
+    FlowsparkBuildError,
+    FlowsparkTypeError,
+    IncompleteDataflowError,
+    StreamScopeError,
+)
 from flowspark.ir import Composite, Graph, Input, InspectDebug, Node, Output
 
 X = TypeVar("X")
@@ -39,15 +47,15 @@ __all__ = ["Dataflow", "KeyedStream", "Operator", "Stream", "operator"]
 
 def _check_id(kind: str, value: Any) -> str:
     if not isinstance(value, str):
-        msg = f"{kind} must be a str; received {value!r} of type {type(value).__name__}"
+        msg = f"{kind} must be a `str`; received {value!r} of type {type(value).__name__}"
         raise FlowsparkTypeError(msg)
     if value == "":
         msg = f"{kind} must not be empty; give it a name like 'counts'"
         raise FlowsparkBuildError(msg)
     if "." in value:
         msg = (
-            f"{kind} {value!r} contains a '.'; periods separate nested step ids, "
-            f"use '_' instead (e.g. {value.replace('.', '_')!r})"
+            f"{kind} {value!r} contains a '.': it can't contain any periods '.', which separate "
+            f"nested step ids; use '_' instead (e.g. {value.replace('.', '_')!r})"
         )
         raise FlowsparkBuildError(msg)
     return value
@@ -58,6 +66,13 @@ class _Scope:
     scope_id: str
     children: set[str] = field(default_factory=set)
     substeps: list[str] = field(default_factory=list)
+    # Streams passed to this scope's operator as `Stream` arguments (or in `*ups` / `**kwargs`):
+    # with the streams its own steps produce, the only ones its sub-operators may use.
+    ups: frozenset[str] = frozenset()
+
+    def sees(self, stream: Stream[Any]) -> bool:
+        """Whether an operator called inside this scope may use `stream` (Bytewax's scoping rule)."""
+        return stream.stream_id.startswith(self.scope_id + ".") or stream.stream_id in self.ups
 
 
 class Dataflow:
@@ -122,12 +137,16 @@ class Dataflow:
         """
         graph = self.graph()
         if not any(isinstance(n, Input) for n in graph.nodes):
-            msg = f"dataflow {self.flow_id!r} has no input step; add one with `op.input(step_id, flow, source)`"
+            msg = (
+                f"dataflow {self.flow_id!r} has no input step (a dataflow needs at least one input step); "
+                "add one with `op.input(step_id, flow, source)`"
+            )
             raise IncompleteDataflowError(self.flow_id, msg)
         if not any(isinstance(n, (Output, InspectDebug)) for n in graph.nodes):
             msg = (
-                f"dataflow {self.flow_id!r} has no output or inspect step, so it would "
-                "produce nothing; add `op.output(step_id, stream, sink)` or `op.inspect(...)`"
+                f"dataflow {self.flow_id!r} has no output or inspect step (a dataflow needs at least one "
+                "output or inspect step), so it would produce nothing; add "
+                "`op.output(step_id, stream, sink)` or `op.inspect(...)`"
             )
             raise IncompleteDataflowError(self.flow_id, msg)
         return graph
@@ -276,6 +295,55 @@ def _streams_in(value: Any) -> list[Stream[Any]]:
     return []
 
 
+_STREAM_ANNOTATION = re.compile(r"(?:\w+\.)*(?:Stream|KeyedStream)(?:\[.*\])?")
+
+
+def _is_stream_annotation(anno: Any) -> bool:
+    """Whether a parameter annotation names `Stream` / `KeyedStream` (object or postponed string)."""
+    if isinstance(anno, str):
+        return _STREAM_ANNOTATION.fullmatch(anno.strip()) is not None
+    if inspect.isclass(anno):
+        return issubclass(anno, Stream)
+    origin = typing.get_origin(anno)
+    return inspect.isclass(origin) and issubclass(origin, Stream)
+
+
+def _check_stream_args(name: str, raw_id: Any, params: list[inspect.Parameter], arguments: dict[str, Any]) -> None:
+    """Bytewax's check: every argument of a parameter annotated `Stream` is a `Stream`."""
+    for p in params:
+        if p.name not in arguments:
+            continue
+        val = arguments[p.name]
+        if p.kind is inspect.Parameter.VAR_POSITIONAL:
+            vals, desc = list(val), f"{p.name!r} *args all"
+        elif p.kind is inspect.Parameter.VAR_KEYWORD:
+            vals, desc = list(val.values()), f"{p.name!r} **kwargs all"
+        else:
+            vals, desc = [val], f"{p.name!r} argument"
+        for v in vals:
+            if not isinstance(v, Stream):
+                msg = (
+                    f"operator {name!r} (step {raw_id!r}): {desc} must be a `Stream`; received {v!r} of type "
+                    f"{type(v).__name__}; pass a stream an operator returned (did you forget to unpack the "
+                    "result of an operator that returns several streams, such as `branch`?)"
+                )
+                raise FlowsparkTypeError(msg)
+
+
+def _direct_streams(sig: inspect.Signature, arguments: dict[str, Any]) -> list[Stream[Any]]:
+    """The streams passed as arguments themselves, or in `*args` / `**kwargs` (not nested deeper)."""
+    out: list[Stream[Any]] = []
+    for name, val in arguments.items():
+        kind = sig.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            out.extend(v for v in val if isinstance(v, Stream))
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            out.extend(v for v in val.values() if isinstance(v, Stream))
+        elif isinstance(val, Stream):
+            out.append(val)
+    return out
+
+
 def _find_flow(values: list[Any]) -> Optional[Dataflow]:
     for v in values:
         if isinstance(v, Dataflow):
@@ -323,6 +391,8 @@ def operator(fn: Optional[F] = None, *, _core: bool = False) -> Any:
         msg = f"operator function {fn.__name__!r} requires a 'step_id' parameter"
         raise TypeError(msg)
 
+    stream_params = [p for p in sig.parameters.values() if p.name != "step_id" and _is_stream_annotation(p.annotation)]
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -331,6 +401,7 @@ def operator(fn: Optional[F] = None, *, _core: bool = False) -> Any:
             msg = f"operator {fn.__name__!r}: {ex}"
             raise FlowsparkTypeError(msg) from None
         raw_id = bound.arguments["step_id"]
+        _check_stream_args(fn.__name__, raw_id, stream_params, bound.arguments)
         values = list(bound.arguments.values())
         flow = _find_flow(values)
         if flow is None:
@@ -350,12 +421,22 @@ def operator(fn: Optional[F] = None, *, _core: bool = False) -> Any:
                     f"({s.flow().flow_id!r}); streams cannot cross dataflows"
                 )
                 raise FlowsparkBuildError(msg)
+        direct = _direct_streams(sig, bound.arguments)
+        for s in direct:
+            if not parent.sees(s):
+                msg = (
+                    f"step {fq!r}: inconsistent stream scoping; stream {s.stream_id!r} was not passed to the "
+                    f"enclosing operator {parent.scope_id!r} as a `Stream` argument (a stream nested in a list "
+                    "or dict argument, or captured from outside, is not); inside a custom operator use only "
+                    "its `Stream` arguments and the streams its own steps return"
+                )
+                raise StreamScopeError(msg)
         if step_id in parent.children:
             msg = f"step {fq!r} already exists; step ids must be unique within a dataflow"
             raise DuplicateStepError(msg)
         parent.children.add(step_id)
         parent.substeps.append(fq)
-        scope = _Scope(fq)
+        scope = _Scope(fq, ups=frozenset(s.stream_id for s in direct))
         flow._scopes.append(scope)
         try:
             bound.arguments["step_id"] = fq

@@ -9,7 +9,12 @@ written for Bytewax that catches those keeps working.
 FlowsparkError
 ├── FlowsparkBuildError          (+ ValueError)  the dataflow is malformed
 │   ├── DuplicateStepError                      a step id is used twice
-│   └── IncompleteDataflowError  (+ FlowsparkRuntimeError) no input, or no output/inspect step
+│   ├── IncompleteDataflowError  (+ FlowsparkRuntimeError) no input, or no output/inspect step
+│   │                                             (`run_main` raises a plain FlowsparkRuntimeError
+│   │                                             caused by it, as Bytewax does)
+│   └── StreamScopeError         (+ AssertionError) a stream not passed to the enclosing operator
+├── MissingPathError             (+ ValueError, FileNotFoundError)   a source's path does not exist
+├── NotADirectoryPathError       (+ ValueError, NotADirectoryError)  DirSource given a file
 ├── FlowsparkTypeError           (+ TypeError)   an argument of the wrong type
 ├── FlowsparkCompileError        (+ ValueError)  a runtime cannot run this flow
 ├── FlowsparkRuntimeError        (+ RuntimeError) a user callable failed while running;
@@ -52,8 +57,11 @@ __all__ = [
     "IncompleteDataflowError",
     "MissingPartitionsError",
     "NoPartitionsError",
+    "MissingPathError",
+    "NotADirectoryPathError",
     "RecoveryError",
     "SingleWorkerError",
+    "StreamScopeError",
     "WorkerEnvironmentError",
     "malformed_input_error",
     "malformed_input_text",
@@ -172,14 +180,40 @@ class IncompleteDataflowError(FlowsparkBuildError, FlowsparkRuntimeError):
     """The dataflow has no input step, or no output or inspect step.
 
     Bytewax detects this when the flow starts running and raises a
-    `BytewaxRuntimeError` (caused by a `ValueError`); flowspark detects it in
-    `Dataflow.validate()`, which every runtime calls before it starts, and this
-    error is a `ValueError` as well as a `FlowsparkRuntimeError`
-    (`BytewaxRuntimeError`), so both ways of catching it work.
+    `BytewaxRuntimeError` caused by a `ValueError` ("... needs to contain at
+    least one input step ..."). flowspark detects it in `Dataflow.validate()`,
+    which every runtime calls before it starts; this error is a `ValueError` as
+    well as a `FlowsparkRuntimeError`. `run_main` and `cluster_main` raise it as
+    Bytewax does: a `FlowsparkRuntimeError` (`BytewaxRuntimeError`, not a
+    `ValueError`) whose `__cause__` is this error, so a ported test's
+    `pytest.raises(RuntimeError)` around `pytest.raises(ValueError)` passes.
 
     Attributes:
         step_id: The dataflow's id.
     """
+
+
+class StreamScopeError(FlowsparkBuildError, AssertionError):
+    """An operator was given a stream that its enclosing operator was not passed.
+
+    Inside a custom operator, only the streams passed to it as `Stream`
+    arguments (or in its `*ups`) and the streams its own steps produce may be
+    used. A stream nested in a list or dict argument, or captured from outside,
+    is not. Bytewax raises an `AssertionError` ("inconsistent stream
+    scoping"); this error is one too, and a `ValueError`.
+    """
+
+
+class MissingPathError(FlowsparkError, ValueError, FileNotFoundError):
+    """A source's file or directory does not exist.
+
+    Bytewax raises a `ValueError`; this error is one, and also the
+    `FileNotFoundError` flowspark raised before, so either `except` works.
+    """
+
+
+class NotADirectoryPathError(FlowsparkError, ValueError, NotADirectoryError):
+    """`DirSource` was given a path that is not a directory (a `ValueError` and a `NotADirectoryError`)."""
 
 
 class RecoveryError(FlowsparkError, ValueError):

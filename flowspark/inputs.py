@@ -17,12 +17,12 @@ from collections.abc import AsyncIterable, Iterable, Iterator
 from datetime import datetime, timedelta
 from itertools import islice
 from pathlib import Path
-from typing import Any, Callable, Generic, Optional, TypeVar, Union
+from typing import Any, Callable, Generic, Optional, TypeVar, Union, cast
 
 from typing_extensions import override
 
 from flowspark._time import utc_now
-from flowspark.errors import FlowsparkTypeError
+from flowspark.errors import FlowsparkTypeError, MissingPathError, NotADirectoryPathError
 
 X = TypeVar("X")
 S = TypeVar("S")
@@ -210,26 +210,34 @@ class DriverItems(ABC):
         return []
 
 
-class _SimplePollingPartition(StatefulSourcePartition[X, Any]):
+class _SimplePollingPartition(StatefulSourcePartition[X, S]):
+    """The one partition of a `SimplePollingSource`: calls `getter` every `interval`.
+
+    Same constructor as Bytewax's (a ported test builds one directly with a fixed `now`).
+    """
+
     def __init__(
         self,
         now: datetime,
         interval: timedelta,
         align_to: Optional[datetime],
-        source: SimplePollingSource[X],
+        getter: Callable[[], X],
+        snapshot: Callable[[], S],
     ) -> None:
         self._interval = interval
-        self._source = source
+        self._getter = getter
+        self._snapshot = snapshot
         if align_to is not None:
-            since = now - align_to
-            self._next_awake = align_to + ((since // interval) + 1) * interval
+            # The next mark at or after `now`: a start exactly on a mark polls at once.
+            since_mark = (now - align_to) % interval
+            self._next_awake = now if since_mark == timedelta(0) else now + (interval - since_mark)
         else:
             self._next_awake = now
 
     @override
     def next_batch(self) -> list[X]:
         try:
-            item = self._source.next_item()
+            item = self._getter()
         except SimplePollingSource.Retry as retry:
             self._next_awake += retry.timeout
             return []
@@ -241,27 +249,50 @@ class _SimplePollingPartition(StatefulSourcePartition[X, Any]):
         return self._next_awake
 
     @override
-    def snapshot(self) -> Any:
-        return self._source.snapshot()
+    def snapshot(self) -> S:
+        return self._snapshot()
 
 
-class SimplePollingSource(FixedPartitionedSource[X, Any]):
+class SimplePollingSource(FixedPartitionedSource[X, S]):
     """Call `next_item()` every `interval`; for polling an API.
+
+    One partition (`"singleton"`): only one worker polls. `next_item` returns
+    the next item (`None`: nothing this time), raises `SimplePollingSource.Retry`
+    to poll again sooner, and raises `StopIteration` at end of input. The type
+    parameters are the item type and the resume-state type, as in Bytewax:
+    override `snapshot` (the position after the last item returned) and `resume`
+    (called once, before the first `next_item`, when an execution resumes).
 
     Args:
         interval: Time between polls.
-        align_to: Align polls to this time (e.g. on the hour); `None` polls at once.
+        align_to: Poll on the marks `align_to + k * interval` (e.g. on the hour):
+            the first poll is at the first mark at or after the start (at once
+            when the start is exactly on a mark). `None` polls at once.
 
     Example:
         >>> from datetime import timedelta
-        >>> class Ticker(SimplePollingSource):
+        >>> class Ticker(SimplePollingSource[str, int]):
+        ...     def __init__(self):
+        ...         super().__init__(timedelta(seconds=1))
+        ...         self.n = 0
         ...     def next_item(self):
+        ...         self.n += 1
         ...         return "tick"
-        >>> src = Ticker(timedelta(seconds=1))
+        ...     def snapshot(self):
+        ...         return self.n
+        ...     def resume(self, resume_state):
+        ...         self.n = resume_state
+        >>> part = Ticker().build_part("flow.inp", "singleton", 41)
+        >>> part.next_batch(), part.snapshot()
+        (['tick'], 42)
     """
 
     class Retry(Exception):  # noqa: N818
-        """Raise from `next_item` to try again after `timeout`."""
+        """Raise from `next_item` to poll again after `timeout` instead of the interval.
+
+        Args:
+            timeout: How long to wait before the next `next_item` call.
+        """
 
         def __init__(self, timeout: timedelta) -> None:
             """Retry after `timeout`."""
@@ -278,11 +309,11 @@ class SimplePollingSource(FixedPartitionedSource[X, Any]):
         return ["singleton"]
 
     @override
-    def build_part(self, step_id: str, for_part: str, resume_state: Optional[Any]) -> _SimplePollingPartition[X]:
+    def build_part(self, step_id: str, for_part: str, resume_state: Optional[S]) -> _SimplePollingPartition[X, S]:
         now = utc_now()
         if resume_state is not None:
             self.resume(resume_state)
-        return _SimplePollingPartition(now, self._interval, self._align_to, self)
+        return _SimplePollingPartition(now, self._interval, self._align_to, self.next_item, self.snapshot)
 
     @abstractmethod
     def next_item(self) -> X:
@@ -293,18 +324,23 @@ class SimplePollingSource(FixedPartitionedSource[X, Any]):
 
         Raises:
             SimplePollingSource.Retry: To try again sooner than the interval.
+            StopIteration: At end of input.
         """
 
-    def snapshot(self) -> Any:
-        """Return resume state (default `None`).
+    def snapshot(self) -> S:
+        """Return the position to resume after the last item `next_item` returned (default `None`).
 
         Returns:
-            Picklable state.
+            Picklable state, handed to `resume` when an execution resumes.
         """
-        return None
+        return cast(S, None)
 
-    def resume(self, resume_state: Any) -> None:  # noqa: B027
-        """Restore from a snapshot."""
+    def resume(self, resume_state: S) -> None:  # noqa: B027
+        """Go back to a snapshot; called once before `next_item` when an execution resumes.
+
+        Args:
+            resume_state: What `snapshot` returned.
+        """
 
 
 def batch(ib: Iterable[X], batch_size: int) -> Iterator[list[X]]:
@@ -696,8 +732,10 @@ class DirSource(FixedPartitionedSource[str, int]):
             (default: the device number). Must not contain `::`.
 
     Raises:
-        FileNotFoundError: `dir_path` does not exist.
-        NotADirectoryError: `dir_path` is a file.
+        MissingPathError: `dir_path` does not exist (a `ValueError`, as in Bytewax,
+            and a `FileNotFoundError`).
+        NotADirectoryPathError: `dir_path` is a file (a `ValueError` and a
+            `NotADirectoryError`).
 
     Example:
         >>> import tempfile, pathlib
@@ -725,11 +763,11 @@ class DirSource(FixedPartitionedSource[str, int]):
     def _check_dir(self) -> None:
         d = self._dir_path
         if not d.exists():
-            msg = f"DirSource: input directory {str(d)!r} does not exist{_cwd_note(d)}; create it or fix the path"
-            raise FileNotFoundError(msg)
+            msg = f"DirSource: input directory `{d}` does not exist{_cwd_note(d)}; create it or fix the path"
+            raise MissingPathError(msg)
         if not d.is_dir():
-            msg = f"DirSource: {str(d)!r} is not a directory; use FileSource to read a single file"
-            raise NotADirectoryError(msg)
+            msg = f"DirSource: input directory `{d}` is not a directory; use FileSource to read a single file"
+            raise NotADirectoryPathError(msg)
 
     @property
     def dir_path(self) -> Path:

@@ -126,6 +126,7 @@ _ENV: dict[str, tuple[str, tuple[str, ...], Callable[[str], Any]]] = {
         _seconds,
     ),
     "recovery_directory": ("-r/--recovery-directory", (ENV_RECOVERY_DIRECTORY, "BYTEWAX_RECOVERY_DIRECTORY"), Path),
+    "processes": ("-p/--processes", ("FLOWSPARK_PROCESSES", "BYTEWAX_PROCESSES"), _count(1)),
     "workers_per_process": (
         "-w/--workers-per-process",
         (ENV_WORKERS_PER_PROCESS, "BYTEWAX_WORKERS_PER_PROCESS"),
@@ -136,14 +137,19 @@ _ENV: dict[str, tuple[str, tuple[str, ...], Callable[[str], Any]]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = _PROG, *, processes: bool = False) -> argparse.ArgumentParser:
     """Return the argument parser (shared with the `flowspark` console script).
+
+    Args:
+        prog: The program name in usage and error lines.
+        processes: Add `-p/--processes` (`python -m flowspark.testing`, as Bytewax's
+            `python -m bytewax.testing`).
 
     Returns:
         The parser.
     """
     parser = argparse.ArgumentParser(
-        prog=_PROG,
+        prog=prog,
         description="Run a flowspark dataflow in this process with the in-memory executor (or on local Spark).",
     )
     parser.add_argument("import_str", metavar="IMPORT_STR", help=IMPORT_HELP)
@@ -191,6 +197,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help=f"workers: 1 in memory; N local Spark cores with --runtime spark {env('workers_per_process')}",
     )
+    if processes:
+        scale.add_argument(
+            "-p",
+            "--processes",
+            type=_count(1),
+            metavar="N",
+            help=f"processes to start (1 here: the in-memory executor runs one) {env('processes')}",
+        )
     scale.add_argument(
         "-i",
         "--process-id",
@@ -213,7 +227,7 @@ def _env_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     env = os.environ
     origin: dict[str, str] = {}
     for dest, (_flag, names, conv) in _ENV.items():
-        if getattr(args, dest) is not None:
+        if getattr(args, dest, 0) is not None:  # set by a flag, or not a flag of this parser
             continue
         for var in names:
             raw = env.get(var)
@@ -379,6 +393,13 @@ def _check_scaling(args: argparse.Namespace, origin: dict[str, str]) -> None:
         var = origin.get(dest)
         return f"{_ENV[dest][0]} {text}" + (f" (from {var})" if var else "")
 
+    if (getattr(args, "processes", None) or 1) > 1:
+        msg = (
+            f"{src('processes')}: the in-memory executor runs one process with one worker and cannot start "
+            f"{args.processes} yet; drop -p, or run a cluster on Spark with `flowspark submit {args.import_str} "
+            "--master spark://HOST:PORT`"
+        )
+        raise _CliError(msg)
     if args.runtime == "spark":
         cluster = [src(d) for d in ("process_id", "addresses") if getattr(args, d) is not None]
         if cluster:
@@ -426,7 +447,7 @@ def _check_scaling(args: argparse.Namespace, origin: dict[str, str]) -> None:
         raise _CliError(msg)
 
 
-def _run_spark(args: argparse.Namespace) -> int:
+def _run_spark(args: argparse.Namespace, prog: str = _PROG) -> int:
     """Run on local Spark through the `flowspark run` command (same plan, progress and error lines)."""
     from flowspark import cli
 
@@ -441,15 +462,17 @@ def _run_spark(args: argparse.Namespace) -> int:
         line = cli._error_line(e)
         if line is None:
             raise
-        print(f"{_PROG}: error: {line}", file=sys.stderr)
+        print(f"{prog}: error: {line}", file=sys.stderr)
         return 1
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None, *, prog: str = _PROG, processes: bool = False) -> int:
     """Run the command line.
 
     Args:
         argv: Arguments (default: `sys.argv[1:]`).
+        prog: The program name in usage and error lines.
+        processes: Accept `-p/--processes` (only 1), for `python -m flowspark.testing`.
 
     Returns:
         The exit code: 0 on success, 1 for a bad command line or flow setup.
@@ -458,12 +481,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     from flowspark.errors import FlowsparkBuildError, ImportStrError, RecoveryError
     from flowspark.recovery import RecoveryConfig
 
-    parser = build_parser()
+    parser = build_parser(prog, processes=processes)
     args = parser.parse_args(argv)
     origin = _env_defaults(parser, args)
 
     def fail(err: BaseException) -> int:
-        print(f"{_PROG}: error: {_one_line(err)}", file=sys.stderr)
+        print(f"{prog}: error: {_one_line(err)}", file=sys.stderr)
         return 1
 
     try:
@@ -472,9 +495,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return fail(e)
     if args.runtime == "spark":
         try:
-            return _run_spark(args)
+            return _run_spark(args, prog)
         except KeyboardInterrupt:
-            print(f"{_PROG}: interrupted", file=sys.stderr)
+            print(f"{prog}: interrupted", file=sys.stderr)
             return 130
     try:
         flow = locate_dataflow(args.import_str)
@@ -496,7 +519,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (RecoveryError, SingleWorkerError) as e:
         return fail(e)
     except KeyboardInterrupt:
-        print(f"{_PROG}: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     return 0
 

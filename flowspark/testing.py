@@ -400,3 +400,28 @@ def per_key(items: Iterable[tuple[str, Any]]) -> dict[str, list[Any]]:
     for k, v in items:
         out.setdefault(k, []).append(v)
     return out
+
+
+def _main(argv: Optional[list[str]] = None) -> int:
+    """`python -m flowspark.testing IMPORT_STR`: Bytewax's `python -m bytewax.testing`.
+
+    The flags of `python -m flowspark.run` plus Bytewax's `-p/--processes`. The
+    in-memory executor runs one process with one worker, so `-p N` and `-w N` with
+    N > 1 are refused with one line on stderr (exit 1) instead of running a part
+    of the flow.
+
+    Args:
+        argv: Arguments (default: `sys.argv[1:]`).
+
+    Returns:
+        The exit code.
+    """
+    from flowspark.run import main
+
+    return main(argv, prog="python -m flowspark.testing", processes=True)
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_main())

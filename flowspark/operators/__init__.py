@@ -479,7 +479,10 @@ def flatten(step_id: str, up: Stream[Iterable[X]]) -> Stream[X]:
 
     def shim_mapper(x: Iterable[X]) -> Iterable[X]:
         if not isinstance(x, Iterable):
-            msg = f"step {step_id!r}: flatten expects iterable items; received {x!r} of type {type(x).__name__}"
+            msg = (
+                f"step {step_id!r}: flatten requires upstream to be iterables (lists, tuples, ...); "
+                f"received {x!r} of type {type(x).__name__}"
+            )
             raise FlowsparkTypeError(msg)
         return x
 
@@ -581,8 +584,8 @@ def map_value(step_id: str, up: KeyedStream[V], mapper: Callable[[V], W]) -> Key
 def _check_bool(step_id: str, what: str, x: Any, result: Any) -> bool:
     if not isinstance(result, bool):
         msg = (
-            f"step {step_id!r}: {what} must return a bool; returned {result!r} of type "
-            f"{type(result).__name__} for item {x!r}"
+            f"step {step_id!r}: the return value of {what} must be a `bool`; "
+            f"returned {result!r} of type {type(result).__name__} for item {x!r}"
         )
         raise FlowsparkTypeError(msg)
     return result
@@ -764,7 +767,7 @@ def key_on(step_id: str, up: Stream[X], key: Callable[[X], str]) -> KeyedStream[
             if type(k) is not str and not isinstance(k, str):
                 msg = (
                     f"step {step_id!r}: key function must return a str; returned {k!r} of "
-                    f"type {type(k).__name__} for item {x!r}; convert it, e.g. `str(...)`"
+                    f"type {type(k).__name__} for item {x!r}; a key must be a `str`: convert it, e.g. `str(...)`"
                 )
                 raise FlowsparkTypeError(msg)
             out.append((k, x))
@@ -1082,7 +1085,10 @@ def _map_values(
 
 
 def _bad_mapper_return(step_id: str, want: str, got: Any) -> FlowsparkTypeError:
-    msg = f"step {step_id!r}: mapper must return a 2-tuple {want}; returned {got!r} of type {type(got).__name__}"
+    msg = (
+        f"step {step_id!r}: the return value of mapper must be a 2-tuple {want}; "
+        f"returned {got!r} of type {type(got).__name__}"
+    )
     return FlowsparkTypeError(msg)
 
 

@@ -43,6 +43,7 @@ from flowspark.errors import (
     FlowsparkError,
     FlowsparkRuntimeError,
     FlowsparkTypeError,
+    IncompleteDataflowError,
     step_error,
 )
 from flowspark.inputs import (
@@ -1020,8 +1021,9 @@ def run_main(
             `batch_id` is the epoch. Default: the run fails naming the step.
 
     Raises:
-        FlowsparkRuntimeError: A user callable failed; names the step and chains the error.
-        FlowsparkBuildError: The flow has no input or no output.
+        FlowsparkRuntimeError: A user callable failed (names the step and chains the
+            error), or the flow has no input or no output (caused by an
+            `IncompleteDataflowError`, a `ValueError`, as in Bytewax).
 
     Example:
         >>> from flowspark.dataflow import Dataflow
@@ -1037,7 +1039,12 @@ def run_main(
     if not isinstance(flow, Dataflow):
         msg = f"run_main needs a Dataflow; received {flow!r} of type {type(flow).__name__}"
         raise FlowsparkTypeError(msg)
-    graph = flow.validate()
+    try:
+        graph = flow.validate()
+    except IncompleteDataflowError as incomplete:
+        # As Bytewax: a runtime error (not a ValueError) caused by the ValueError.
+        msg = f"error building dataflow {flow.flow_id!r}: {incomplete}"
+        raise FlowsparkRuntimeError(flow.flow_id, msg) from incomplete
     if epoch_interval is None:
         epoch_interval = timedelta(seconds=10)
     if not isinstance(epoch_interval, timedelta):

@@ -10,7 +10,15 @@ import pytest
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow, Stream, operator
-from flowspark.errors import DuplicateStepError, FlowsparkBuildError, FlowsparkError, FlowsparkTypeError
+from flowspark.errors import (
+    DuplicateStepError,
+    FlowsparkBuildError,
+    FlowsparkError,
+    FlowsparkRuntimeError,
+    FlowsparkTypeError,
+    IncompleteDataflowError,
+    StreamScopeError,
+)
 from flowspark.testing import TestingSink, TestingSource, run_main
 
 
@@ -66,7 +74,7 @@ def test_duplicate_inside_composite_names_the_nested_id(inp):
 
 
 def test_step_id_with_period_fails_naming_full_id(inp):
-    with pytest.raises(FlowsparkBuildError, match=r"step 'f\.a\.b' .*contains a '\.'.*'a_b'"):
+    with pytest.raises(FlowsparkBuildError, match=r"step 'f\.a\.b' .*can't contain any periods.*'a_b'"):
         op.map("a.b", inp, _ident)
 
 
@@ -86,7 +94,7 @@ def test_empty_step_id_fails(inp):
 
 @pytest.mark.parametrize("bad", [3, None, b"x", ("a",)])
 def test_non_str_step_id_fails_with_type_error(inp, bad):
-    with pytest.raises(FlowsparkTypeError, match=r"must be a str; received") as info:
+    with pytest.raises(FlowsparkTypeError, match=r"must be a `str`; received") as info:
         op.map(bad, inp, _ident)
     assert isinstance(info.value, TypeError)
     assert isinstance(info.value, FlowsparkError)
@@ -101,7 +109,7 @@ def test_flow_id_rules(bad, err):
 
 
 def test_missing_stream_argument_is_a_type_error():
-    with pytest.raises(FlowsparkTypeError, match="received no Dataflow or Stream"):
+    with pytest.raises(FlowsparkTypeError, match=r"'up' argument must be a `Stream`; received \[1, 2\] of type list"):
         op.map("m", [1, 2], _ident)
 
 
@@ -209,14 +217,22 @@ def test_stream_of_another_dataflow_in_join_is_rejected(inp):
 
 def test_flow_without_input_fails_at_run_main():
     flow = Dataflow("empty")
-    with pytest.raises(FlowsparkBuildError, match=r"'empty' has no input step.*op\.input"):
+    with pytest.raises(
+        FlowsparkRuntimeError, match=r"'empty' has no input step.*at least one input.*op\.input"
+    ) as info:
         run_main(flow)
+    # As Bytewax: a RuntimeError that is not a ValueError, caused by a ValueError.
+    assert not isinstance(info.value, ValueError)
+    assert isinstance(info.value.__cause__, IncompleteDataflowError)
+    with pytest.raises(FlowsparkBuildError, match=r"'empty' has no input step"):
+        flow.validate()
 
 
 def test_flow_without_output_fails_at_run_main(flow, inp):
     op.map("m", inp, _ident)
-    with pytest.raises(FlowsparkBuildError, match=r"'f' has no output or inspect step.*op\.output"):
+    with pytest.raises(FlowsparkRuntimeError, match=r"'f' has no output or inspect step.*at least one output") as info:
         run_main(flow)
+    assert isinstance(info.value.__cause__, IncompleteDataflowError)
 
 
 def test_flow_with_only_inspect_runs(flow, inp, capsys):
@@ -272,3 +288,50 @@ def test_import_and_run_with_pyspark_blocked():
     )
     assert res.returncode == 0, res.stderr
     assert "OUT [('a', 1), ('a', 3)]" in res.stdout
+
+
+# -- Bytewax's stream scoping rule ------------------------------------------------------
+
+
+def test_a_stream_nested_in_a_list_argument_is_inconsistent_scoping(flow):
+    @operator
+    def merge_list(step_id: str, up: Stream, others: list) -> Stream:
+        return op.merge("merge", up, *others)
+
+    inp1 = op.input("inp1", flow, TestingSource([]))
+    inp2 = op.input("inp2", flow, TestingSource([]))
+    with pytest.raises(
+        StreamScopeError, match=r"step 'f\.ml\.merge': inconsistent stream scoping; stream 'f\.inp2\.down'"
+    ):
+        merge_list("ml", inp1, [inp2])
+    assert isinstance(StreamScopeError("x"), AssertionError)
+
+
+def test_streams_passed_as_arguments_or_built_inside_may_be_used_in_sub_operators(flow):
+    @operator
+    def merge_all(step_id: str, up: Stream, *more: Stream) -> Stream:
+        doubled = op.map("double", up, lambda x: 2 * x)
+        return op.merge("merge", doubled, *more)
+
+    out: list = []
+    s = merge_all("ma", op.input("a", flow, TestingSource([1])), op.input("b", flow, TestingSource([5])))
+    op.output("out", s, TestingSink(out))
+    run_main(flow)
+    assert sorted(out) == [2, 5]
+
+
+def test_a_stream_captured_from_outside_an_operator_is_inconsistent_scoping(flow):
+    outer = op.input("outer", flow, TestingSource([]))
+
+    @operator
+    def sneaky(step_id: str, up: Stream) -> Stream:
+        return op.merge("merge", up, outer)
+
+    with pytest.raises(StreamScopeError, match="inconsistent stream scoping"):
+        sneaky("s", op.input("inp2", flow, TestingSource([])))
+
+
+@pytest.mark.parametrize("call", [lambda: op.map("m", 1, _ident), lambda: op.merge("m", 1, 2)], ids=["arg", "varargs"])
+def test_a_non_stream_for_a_stream_parameter_says_it_must_be_a_stream(call):
+    with pytest.raises(FlowsparkTypeError, match="must be a `Stream`"):
+        call()

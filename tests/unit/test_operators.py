@@ -235,7 +235,7 @@ def test_filter():
 
 def test_filter_non_bool_predicate():
     err = run_fails([1], lambda s: op.filter("odd", s, lambda x: x % 2))
-    assert "step 'f.odd': predicate must return a bool; returned 1" in str(err)
+    assert "step 'f.odd': the return value of predicate must be a `bool`; returned 1" in str(err)
 
 
 def test_filter_value():
@@ -245,7 +245,7 @@ def test_filter_value():
 
 def test_filter_value_non_bool_predicate():
     err = run_fails([("a", 1)], lambda s: op.filter_value("pos", s, lambda v: None))
-    assert "step 'f.pos': predicate must return a bool" in str(err)
+    assert "step 'f.pos': the return value of predicate must be a `bool`" in str(err)
 
 
 def test_filter_map():
@@ -371,7 +371,7 @@ def test_flatten():
 
 def test_flatten_non_iterable_names_step():
     err = run_fails([1], lambda s: op.flatten("fl", s))
-    assert "step 'f.fl': flatten expects iterable items; received 1" in str(err)
+    assert "step 'f.fl': flatten requires upstream to be iterables (lists, tuples, ...); received 1" in str(err)
 
 
 def test_branch():
@@ -391,7 +391,9 @@ def test_branch_non_bool_names_step():
     flow = Dataflow("f")
     b = op.branch("br", op.input("inp", flow, TestingSource([1])), lambda x: x)
     op.output("t", b.trues, TestingSink([]))
-    with pytest.raises(FlowsparkRuntimeError, match=r"step 'f\.br': branch predicate must return a bool"):
+    with pytest.raises(
+        FlowsparkRuntimeError, match=r"step 'f\.br': the return value of branch predicate must be a `bool`"
+    ):
         run_main(flow)
 
 
@@ -586,7 +588,10 @@ def test_user_exception_surfaces_naming_step(name, build):
 
 def test_stateful_map_bad_return_shape_names_step():
     err = run_fails([("a", 1)], lambda s: op.stateful_map("sm", s, lambda st, v: v))
-    assert "step 'f.sm': mapper must return a 2-tuple (updated_state, emit); returned 1 of type int" in str(err)
+    assert (
+        "step 'f.sm': the return value of mapper must be a 2-tuple (updated_state, emit); returned 1 of type int"
+        in str(err)
+    )
 
 
 def test_stateful_map_accepts_any_two_item_iterable():
@@ -605,13 +610,14 @@ def test_on_item_may_return_a_list():
 
 def test_stateful_flat_map_bad_return_shape_names_step():
     err = run_fails([("a", 1)], lambda s: op.stateful_flat_map("sfm", s, lambda st, v: [v]))
-    assert "step 'f.sfm': mapper must return a 2-tuple" in str(err)
+    assert "step 'f.sfm': the return value of mapper must be a 2-tuple" in str(err)
 
 
 def test_stateful_flat_map_non_iterable_emits_names_step():
     err = run_fails([("a", 1)], lambda s: op.stateful_flat_map("sfm", s, lambda st, v: (st, v)))
-    assert "step 'f.sfm': mapper must return a 2-tuple (updated_state, iterable_of_emits); returned (None, 1)" in str(
-        err
+    assert (
+        "step 'f.sfm': the return value of mapper must be a 2-tuple (updated_state, iterable_of_emits); "
+        "returned (None, 1)" in str(err)
     )
 
 
