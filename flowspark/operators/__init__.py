@@ -21,6 +21,7 @@ from typing import Any, Callable, Generic, Literal, Optional, TypeVar
 from typing_extensions import Self, TypeAlias, override
 
 from flowspark import ir
+from flowspark._checks import all_pairs, check_bool
 from flowspark._keyfn import column_of
 from flowspark._time import utc_now
 from flowspark.dataflow import Dataflow, KeyedStream, Stream, operator
@@ -523,11 +524,6 @@ _first = itemgetter(0)
 _second = itemgetter(1)
 
 
-def _all_pairs(xs: list[Any]) -> bool:
-    """Whether every item is a 2-tuple (checked column-wise; False for no items)."""
-    return set(_map(type, xs)) == {tuple} and set(_map(len, xs)) == {2}
-
-
 def _unpack_kv(step_id: str, k_v: Any) -> tuple[Any, Any]:
     try:
         k, v = k_v
@@ -564,7 +560,7 @@ def map_value(step_id: str, up: KeyedStream[V], mapper: Callable[[V], W]) -> Key
     _check_callable(step_id, "mapper", mapper)
 
     def shim_mapper(xs: list[tuple[str, V]]) -> list[tuple[str, W]]:
-        if _all_pairs(xs):
+        if all_pairs(xs):
             return list(zip(_map(_first, xs), _map(mapper, _map(_second, xs)), strict=True))
         out = []
         for k_v in xs:
@@ -579,16 +575,6 @@ def map_value(step_id: str, up: KeyedStream[V], mapper: Callable[[V], W]) -> Key
         value_mapper=mapper,
         value_column=column_of(mapper),
     )
-
-
-def _check_bool(step_id: str, what: str, x: Any, result: Any) -> bool:
-    if not isinstance(result, bool):
-        msg = (
-            f"step {step_id!r}: the return value of {what} must be a `bool`; "
-            f"returned {result!r} of type {type(result).__name__} for item {x!r}"
-        )
-        raise FlowsparkTypeError(msg)
-    return result
 
 
 @operator
@@ -621,7 +607,7 @@ def filter(step_id: str, up: Stream[X], predicate: Callable[[X], bool]) -> Strea
             if r is True:
                 out.append(x)
             elif r is not False:
-                _check_bool(step_id, "predicate", x, r)
+                check_bool(step_id, "predicate", x, r)
         return out
 
     return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), keeps="items")
@@ -654,7 +640,7 @@ def filter_value(step_id: str, up: KeyedStream[V], predicate: Callable[[V], bool
         out = []
         for k_v in xs:
             _k, v = _unpack_kv(step_id, k_v)
-            if _check_bool(step_id, "predicate", v, predicate(v)):
+            if check_bool(step_id, "predicate", v, predicate(v)):
                 out.append(k_v)
         return out
 

@@ -35,6 +35,7 @@ from typing import Any, Callable, Optional
 
 from flowspark import ir
 from flowspark._args import ttl_arg
+from flowspark._checks import check_bool
 from flowspark._time import use_clock, utc_now
 from flowspark.deadletter import DeadLetters, dead_letter_arg, dead_letter_step
 from flowspark.deadletter import record as dead_record
@@ -52,7 +53,6 @@ from flowspark.inputs import (
     FixedPartitionedSource,
 )
 from flowspark.logic import StatefulBatchLogic
-from flowspark.operators import _check_bool
 from flowspark.outputs import DynamicSink, FixedPartitionedSink, route_to_parts
 from flowspark.recovery import DELETED, RecoveryConfig, RecoveryStore
 from flowspark.runtime.driver import NOT_FOUND, StepDriver, bad_item_error, failing_item
@@ -404,7 +404,7 @@ class _BranchRt(_Rt):
             try:
                 r = pred(x)
                 if r is not True and r is not False:
-                    _check_bool(self.step_id, "branch predicate", x, r)
+                    check_bool(self.step_id, "branch predicate", x, r)
             except Exception as e:
                 if dead is None:
                     raise step_error(self.step_id, e, item=x) from e

@@ -10,13 +10,9 @@ from flowspark.spark.compiler import as_graph, compile_flow
 from flowspark.spark.plan import Plan
 from flowspark.spark.streaming.checkpoint import check_recorded
 from flowspark.spark.streaming.ckfs import is_local
-from flowspark.spark.streaming.query import (
-    DEFAULT_BUCKETS,
-    StreamingRun,
-    compile_streaming,
-    needs_timers,
-    run_streaming,
-)
+from flowspark.spark.streaming.lowering import DEFAULT_BUCKETS, compile_streaming, needs_timers
+from flowspark.spark.streaming.query import StreamingRun
+from flowspark.spark.streaming.run import run_streaming
 from flowspark.spark.streaming.state import LAYOUTS
 
 __all__ = ["check_streaming", "run"]

@@ -26,7 +26,8 @@ from flowspark.errors import (
     step_error,
 )
 from flowspark.outputs import part_of
-from flowspark.spark.codec import HEAD_LEN, decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
+from flowspark.spark.codec import decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
+from flowspark.spark.columns import ID_COLUMN, column_key_refusal, seq_column
 from flowspark.spark.inputs import load_rows
 from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
@@ -34,42 +35,14 @@ from flowspark.spark.rows import RowSchema, row_schema
 from flowspark.spark.session import default_parallelism, is_connect, quiet_query_context
 from flowspark.spark.worker import dict_rows, no_gc, stage_function
 
-__all__ = ["check_bounded", "column_key_refusal", "describe_keyed_state", "describe_stage", "run_plan", "seq_column"]
+__all__ = ["check_bounded", "describe_keyed_state", "describe_stage", "run_plan"]
 
 _log = logging.getLogger("flowspark.spark")
 _ROW_SCHEMA = "p int, k string, seq binary, v binary"
 _IN_SCHEMA = "k string, seq binary, v binary"
 #: The column Spark adds when it keys rows itself (`ColumnKey`): the row's partition and position.
-_ID = "__flowspark_id"
 #: Keys of partition 0 a sampling job tries first (`_Job.first_keys_sample`).
 _SAMPLE_KEYS = 128
-
-
-def column_key_refusal(df: Any, column: str) -> Optional[str]:
-    """Why Spark cannot key `df`'s rows on `column` as `row[column]` would, or `None` when it can.
-
-    Only a plain string column qualifies (what `key_on` accepts in Python, compared
-    and sorted as Python does); a missing, duplicated, non-string or collated column
-    keeps the Python pass, which then fails or succeeds exactly as it always did.
-
-    Args:
-        df: The source DataFrame.
-        column: The key column.
-
-    Returns:
-        The reason, or `None`.
-    """
-    from pyspark.sql.types import StringType
-
-    names = df.columns
-    if names.count(column) != 1:
-        return f"the DataFrame has {names.count(column)} columns named {column!r}"
-    if _ID in names:
-        return f"the DataFrame has a column named {_ID!r}"
-    dtype = df.schema[column].dataType
-    if type(dtype) is not StringType or dtype != StringType():
-        return f"column {column!r} is {dtype.simpleString()}, not string"
-    return None
 
 
 def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
@@ -238,7 +211,7 @@ class _Job:
     def column_key_input(self, st: StagePlan, df: Any) -> Any:
 
         key = _key_col(st)
-        return _positioned(df).repartition(self.partitions, key).sortWithinPartitions(key, _ID)
+        return _positioned(df).repartition(self.partitions, key).sortWithinPartitions(key, ID_COLUMN)
 
     def build(self) -> None:
         from pyspark import StorageLevel
@@ -492,7 +465,7 @@ class _Job:
         keys = [r[0] for r in _action(lambda: part0.select(key).distinct().orderBy(key).limit(_SAMPLE_KEYS).collect())]
         if not keys or None in keys:
             return None
-        rows = part0.filter(key.isin(keys)).coalesce(1).sortWithinPartitions(key, _ID)
+        rows = part0.filter(key.isin(keys)).coalesce(1).sortWithinPartitions(key, ID_COLUMN)
         got = _action(lambda: rows.mapInArrow(fn, "v binary").collect())
         return [loads(r.v) for r in got[:n]] if len(got) >= n else None
 
@@ -589,29 +562,10 @@ def _key_col(st: StagePlan) -> Any:
 
 
 def _positioned(df: Any) -> Any:
-    """A source DataFrame with each row's position first (`_ID`, the sequence of `position_seqs`)."""
+    """A source DataFrame with each row's position first (`ID_COLUMN`, the sequence of `position_seqs`)."""
     from pyspark.sql import functions as F  # noqa: N812
 
-    return df.select(F.monotonically_increasing_id().alias(_ID), "*")
-
-
-def seq_column(pad: bytes) -> Any:
-    """The `seq` column of a port read by a stage, with a merge's `pad` applied.
-
-    Args:
-        pad: Empty, or (for an upstream of a merge) its 4-byte index, inserted after
-            the source header, then zero padding, appended (see `StagePlan.inputs`).
-
-    Returns:
-        A Spark Column.
-    """
-    from pyspark.sql import functions as F  # noqa: N812
-
-    if not pad:
-        return F.col("seq")
-    head = F.expr(f"substring(seq, 1, {HEAD_LEN})")
-    rest = F.expr(f"substring(seq, {HEAD_LEN + 1}, 1073741824)")
-    return F.concat(head, F.lit(pad[:4]), rest, F.lit(pad[4:]))
+    return df.select(F.monotonically_increasing_id().alias(ID_COLUMN), "*")
 
 
 def _guard(step_id: str, body: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:

@@ -286,7 +286,7 @@ def loads_all(bs: list[bytes]) -> list[Any]:
 
 
 def apply_pad(seq: bytes, pad: bytes) -> bytes:
-    """A merge's pad applied to a sequence (what `flowspark.spark.batch.seq_column` does in Spark).
+    """A merge's pad applied to a sequence (what `flowspark.spark.columns.seq_column` does in Spark).
 
     Args:
         seq: The sequence.

@@ -32,7 +32,8 @@ def _names(what: str, x: Union[str, list[str]]) -> str:
     raise FlowsparkTypeError(msg)
 
 
-def _missing_jar(e: Exception) -> Optional[FlowsparkCompileError]:
+def missing_jar(e: Exception) -> Optional[FlowsparkCompileError]:
+    """The one-line error for Spark's missing kafka format in `e`, or `None` when `e` is another error."""
     text = str(e)
     if "kafka" in text.lower() and ("Failed to find data source" in text or "DATA_SOURCE_NOT_FOUND" in text):
         msg = (
@@ -94,7 +95,7 @@ class KafkaSource(SparkSource):
         try:
             return spark.readStream.format("kafka").options(**self.options).load()
         except Exception as e:
-            err = _missing_jar(e)
+            err = missing_jar(e)
             if err is not None:
                 raise err from e
             raise
@@ -147,7 +148,7 @@ class KafkaSink(SparkSink):
         try:
             df.write.format("kafka").options(**self.options).save()
         except Exception as e:
-            err = _missing_jar(e)
+            err = missing_jar(e)
             if err is not None:
                 raise err from e
             raise

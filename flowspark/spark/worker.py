@@ -19,10 +19,10 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from flowspark._checks import all_pairs, check_bool
 from flowspark._time import use_clock
 from flowspark.deadletter import record as dead_record
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
-from flowspark.operators import _all_pairs, _check_bool
 from flowspark.runtime.driver import NOT_FOUND, bad_item_error, drive_chain, failing_item, idx
 from flowspark.spark.codec import (
     apply_pad,
@@ -171,7 +171,7 @@ def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]],
                 try:
                     r = pred(sx[1])
                     if r is not True and r is not False:
-                        _check_bool(op.step_id, "branch predicate", sx[1], r)
+                        check_bool(op.step_id, "branch predicate", sx[1], r)
                 except Exception as e:
                     if dead is None:
                         raise step_error(op.step_id, e, item=sx[1]) from e
@@ -220,7 +220,7 @@ def _each_one_to_one(op: Op, ins: list[tuple[bytes, Any]], dead: list[Any]) -> l
 def _screen_keyed(step_id: str, items: list[tuple[bytes, Any]], dead: list[Any]) -> list[tuple[bytes, Any]]:
     """The `(seq, item)` pairs entering stateful step `step_id` that are `(str, value)`; the others go to `dead`."""
     xs = list(map(_second, items))
-    if _all_pairs(xs) and set(map(type, map(_first, xs))) == {str}:
+    if all_pairs(xs) and set(map(type, map(_first, xs))) == {str}:
         return items
     kept = []
     for sx in items:
@@ -241,7 +241,7 @@ def _first_bad_key_item(step_id: str, xs: list[Any]) -> FlowsparkTypeError:
 
 def _checked_keys(step_id: str, xs: list[Any]) -> list[str]:
     """The keys of items entering stateful step `step_id`, checked column-wise: 2-tuples with a str key."""
-    if not _all_pairs(xs):
+    if not all_pairs(xs):
         raise _fail(step_id, _first_bad_key_item(step_id, xs))
     ks = list(map(_first, xs))
     if set(map(type, ks)) != {str}:

@@ -96,3 +96,33 @@ def test_pyspark_is_imported_only_under_flowspark_spark():
 def test_the_cycle_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_lowerings_do_not_import_each_other():
+    """Batch and streaming share Spark helpers through modules both use (`flowspark.spark.columns` ...)."""
+    graph = _imports()
+    streaming = {m for m in graph if m.startswith("flowspark.spark.streaming")}
+    assert not [m for m in streaming if "flowspark.spark.batch" in graph[m]]
+    assert not [d for d in graph["flowspark.spark.batch"] if d.startswith("flowspark.spark.streaming")]
+
+
+def _private_imports() -> list[str]:
+    """`from flowspark.X import _name` of a module's private name by another flowspark module."""
+    found = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("flowspark"):
+                names = [a.name for a in node.names if a.name.startswith("_")]
+                names = [n for n in names if not (ROOT.parent / node.module.replace(".", "/") / f"{n}.py").exists()]
+                found += [f"{_module_name(path)}: {node.module}.{n}" for n in names]  # a name, not a module
+    return found
+
+
+def test_no_module_imports_another_modules_private_names_but_the_known_ones():
+    # Known, still to be made public or moved (issue "One optimizer"): these and no new ones.
+    assert sorted(_private_imports()) == [
+        "flowspark.cli: flowspark.visualize._Model",
+        "flowspark.outputs: flowspark.inputs._cwd_note",
+        "flowspark.spark.tools: flowspark.spark.batch._Job",
+        "flowspark.submit: flowspark._importstr._module_for_file",
+    ]

@@ -7,7 +7,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from flowspark.spark.streaming.query import _Listener, _wait
+from flowspark.spark.streaming.listen import Listener, wait_for_run
 
 
 class _Query:
@@ -46,10 +46,10 @@ class _Query:
         self.active = False
 
 
-def _setup() -> tuple[Any, _Query, _Listener]:
+def _setup() -> tuple[Any, _Query, Listener]:
     query = _Query()
     sr = SimpleNamespace(query=query, connect=False, _counts=None, batches=0)
-    return sr, query, _Listener(sr, None)  # type: ignore[arg-type]
+    return sr, query, Listener(sr, None)  # type: ignore[arg-type]
 
 
 def _progress(batch: int, rows: int, run_id: str = "run-1", moved: bool = True) -> dict:
@@ -83,7 +83,7 @@ def test_the_wait_ends_at_the_first_micro_batch_whose_sources_stood_at_their_end
 
     _later(0.05, events)
     t0 = time.monotonic()
-    _wait(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
+    wait_for_run(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
     took = time.monotonic() - t0
     assert 0.5 < took < 1.5, took  # it waited for batch 3, and returned soon after it
     assert lst.last_batch == 3
@@ -93,7 +93,7 @@ def test_the_wait_ends_at_the_first_micro_batch_whose_sources_stood_at_their_end
     assert query.polled <= 1
 
 
-def test_a_replayed_first_micro_batch_with_old_offsets_does_not_end_the_wait():
+def test_a_replayed_first_micro_batch_with_old_offsets_does_not_end_thewait_for_run():
     # A restarted query first replays the previous run's unfinished no-data micro-batch:
     # no rows and no offset moved, yet the files added since are still to be read.
     sr, query, lst = _setup()
@@ -107,14 +107,14 @@ def test_a_replayed_first_micro_batch_with_old_offsets_does_not_end_the_wait():
 
     _later(0.05, events)
     t0 = time.monotonic()
-    _wait(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
+    wait_for_run(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
     assert 0.5 < time.monotonic() - t0 < 1.5
     assert lst.last_batch == 9
     assert query.stopped
 
 
 def test_caught_up_needs_every_source_at_its_end():
-    from flowspark.spark.streaming.query import caught_up
+    from flowspark.spark.streaming.listen import caught_up
 
     tick = {"startOffset": {"t": 1}, "endOffset": {"t": 1}}
     files = {"startOffset": {"logOffset": 2}, "endOffset": {"logOffset": 3}}
@@ -136,7 +136,7 @@ def test_the_wait_ends_when_the_querys_termination_is_delivered():
 
     _later(0.05, end)
     t0 = time.monotonic()
-    _wait(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
+    wait_for_run(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
     assert 0.3 < time.monotonic() - t0 < 1.2
     assert not query.stopped  # it ended by itself
     assert query.polled == 0
@@ -146,7 +146,7 @@ def test_the_wait_asks_the_query_when_no_event_comes():
     sr, query, lst = _setup()
     _later(0.2, lambda: setattr(query, "active", False))  # ended, but its events were lost
     t0 = time.monotonic()
-    _wait(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
+    wait_for_run(sr, query, lst, "available_now", 5.0)  # the timeout only bounds a failing test
     assert time.monotonic() - t0 < 2.5
     assert query.asked >= 1
 
@@ -154,7 +154,7 @@ def test_the_wait_asks_the_query_when_no_event_comes():
 def test_the_wait_ends_at_its_timeout():
     sr, query, lst = _setup()
     t0 = time.monotonic()
-    _wait(sr, query, lst, "available_now", 0.3)
+    wait_for_run(sr, query, lst, "available_now", 0.3)
     assert 0.25 < time.monotonic() - t0 < 1.0
     assert query.stopped
 
@@ -183,11 +183,11 @@ class _JEvent:
         return _JString(self._run_id)
 
 
-def test_the_java_side_of_the_listener_hands_this_flows_progress_and_every_end_to_the_wait():
-    from flowspark.spark.streaming.query import _JavaListener
+def test_the_java_side_of_the_listener_hands_this_flows_progress_and_every_end_to_thewait_for_run():
+    from flowspark.spark.streaming.listen import JavaListener
 
     sr, query, lst = _setup()
-    java = _JavaListener(lst, "flowspark_f")
+    java = JavaListener(lst, "flowspark_f")
     java.onQueryProgress(_JEvent({**_progress(0, 7), "name": "flowspark_f"}))
     java.onQueryProgress(_JEvent({**_progress(1, 0, moved=False), "name": "another_query"}))  # not ours
     assert (lst.last_batch, lst.done, lst.sink_rows) == (0, False, 7)

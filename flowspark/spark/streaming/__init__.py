@@ -27,13 +27,17 @@ here uses Spark's `window()` or watermarks. Spark rejects a second
 every keyed stage to `transformWithStateInPandas` (RocksDB state store) with the
 same bucket driver. See docs/streaming.md.
 
-Modules: `state` (bucket state, inside Python workers), `checkpoint` (the
-checkpoint's metadata), `query` (lowering, the query's lifecycle, driver sinks,
-progress lines).
+Modules: `lowering` (the choices for a plan, described stage by stage), `query`
+(`StreamingRun`: building the query's DataFrames, its outputs and driver sinks), `frames`
+(DataFrame-building helpers), `listen` (the listener, progress line, wait and stop), `run`
+(`run_streaming`), `state` (bucket state, inside Python workers), `checkpoint` (the
+checkpoint's metadata), `ckfs`, `deadletter`, `outbox`, `routing`.
 """
 
 from flowspark.spark.streaming.checkpoint import META_FILE, check_meta
-from flowspark.spark.streaming.query import Lowering, StreamingRun, compile_streaming, needs_timers, run_streaming
+from flowspark.spark.streaming.lowering import Lowering, compile_streaming, needs_timers
+from flowspark.spark.streaming.query import StreamingRun
+from flowspark.spark.streaming.run import run_streaming
 from flowspark.spark.streaming.state import BucketDriver
 
 __all__ = [

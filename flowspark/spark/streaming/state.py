@@ -37,6 +37,7 @@ from flowspark._time import use_clock
 from flowspark.errors import FlowsparkRuntimeError
 from flowspark.runtime.driver import drive_chain, drive_states, idx
 from flowspark.spark.codec import encode_task_error, loads_all
+from flowspark.spark.columns import ID_COLUMN
 from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.routing import Route, forward_frame
 from flowspark.spark.worker import (
@@ -63,7 +64,6 @@ __all__ = ["LAYOUTS", "STATE_SCHEMA", "BucketDriver", "KeyTable", "LatestCounts"
 #: Schema of a bucket's state row (layout "bucket").
 STATE_SCHEMA = "blob binary"
 #: The row number Spark adds to a source's rows it keys itself (`BucketDriver.column_key`).
-ID_COLUMN = "__flowspark_id"
 #: Instead, for a parquet file stream feeding a `flat` stage: `xxhash64` of the row's file, then
 #: its index in the file (`_metadata`), both computed by Spark (`BucketDriver.file_order`).
 FILE_COLUMN = "__flowspark_file"
@@ -283,7 +283,7 @@ class BucketDriver:
             cannot follow a foreign clock).
         sink_rows: `(sink step id, RowSchema)` when the stage's only port feeds the
             query's lone file sink: the output is then the sink's rows (dict items
-            converted as `_dict_rows` does), saving a Python pass over every item.
+            converted as `frames.sink_rows` does), saving a Python pass over every item.
         timers: Whether the query has timers (timeouts); without, no step can ask for
             a notification and no timeout is set.
         route: In the routed lowering (`flowspark.spark.streaming.routing`), the stage's

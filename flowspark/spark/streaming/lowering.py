@@ -1,0 +1,180 @@
+"""The streaming lowering's choices for a plan: what each stage becomes, described stage by stage.
+
+`Lowering` is what `flowspark plan --spark` prints and what `StreamingRun.build` follows;
+`compile_streaming` checks that a plan can run as a streaming query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flowspark.errors import (
+    FlowsparkCompileError,
+)
+from flowspark.inputs import DynamicSource
+from flowspark.spark.compiler import as_graph, compile_flow
+from flowspark.spark.inputs import SparkSource
+from flowspark.spark.plan import Plan, StagePlan
+from flowspark.spark.streaming.routing import (
+    needs_routing,
+)
+from flowspark.spark.streaming.state import (
+    HOT_PER_BUCKET,
+)
+
+__all__ = ["DEFAULT_BUCKETS", "Lowering", "compile_streaming", "needs_timers"]
+
+DEFAULT_BUCKETS = 64
+
+
+def compile_streaming(flow: Any) -> Plan:
+    """Compile a dataflow (or its graph) for a streaming query, or check a compiled plan.
+
+    Args:
+        flow: The `Dataflow`, its `ir.Graph`, or a compiled `Plan`.
+
+    Returns:
+        The plan (the batch job's plan: the streaming query is another lowering of it).
+
+    Raises:
+        FlowsparkCompileError: The flow cannot run as a streaming query (a
+            DynamicSource, or what the compiler refuses).
+    """
+    plan = flow if isinstance(flow, Plan) else compile_flow(as_graph(flow))
+    for st in plan.stages:
+        if st.kind == "source" and isinstance(st.source, DynamicSource):
+            msg = (
+                f"step {st.spec.source_step!r}: source {type(st.source).__name__} is a DynamicSource, which has "
+                "no offsets to resume from; a streaming query needs a FixedPartitionedSource (snapshot/resume) "
+                "or SparkSource(..., streaming=True)"
+            )
+            raise FlowsparkCompileError(msg)
+    return plan
+
+
+def needs_timers(plan: Plan) -> bool:
+    """Whether some stateful step can ask for a notification (the IR's `notifies`).
+
+    Args:
+        plan: The plan.
+
+    Returns:
+        True when the query needs timeouts.
+    """
+    return any(ks.notifies for ks in plan.keyed_steps())
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """The choices of the streaming lowering for a plan, and their description.
+
+    Attributes:
+        plan: The plan.
+        buckets: State buckets of every keyed stage.
+        timers: Whether the query runs with timers (processing-time timeouts).
+        layout: The state layout (`flowspark.spark.streaming.state.LAYOUTS`).
+    """
+
+    plan: Plan
+    buckets: int
+    timers: bool
+    layout: str = "bucket"
+
+    @property
+    def chained(self) -> bool:
+        """Whether the plan has several keyed stages.
+
+        Spark allows one applyInPandasWithState per query, so then every keyed stage uses
+        transformWithStateInPandas (RocksDB state store).
+        """
+        return sum(1 for st in self.plan.stages if st.kind == "keyed") > 1
+
+    @property
+    def routed(self) -> bool:
+        """Whether some stage has several readers.
+
+        The query then threads one chain of rows through every stage
+        (`flowspark.spark.streaming.routing`).
+        """
+        return needs_routing(self.plan)
+
+    @property
+    def tws(self) -> bool:
+        """Whether keyed stages use transformWithStateInPandas (chains, or the key layout)."""
+        return self.chained or self.layout == "key"
+
+    def keyed_op(self) -> str:
+        """The Spark operator every keyed stage lowers to, with its timeout mode.
+
+        Returns:
+            The text.
+        """
+        if self.tws:
+            mode = "ProcessingTime" if self.timers or self.layout == "key" else "None"
+            return f"transformWithStateInPandas(timeMode={mode})"
+        return f"applyInPandasWithState({'ProcessingTimeTimeout' if self.timers else 'NoTimeout'})"
+
+    def stage(self, st: StagePlan) -> str:
+        """What one stage lowers to.
+
+        Args:
+            st: The stage.
+
+        Returns:
+            A one-line description.
+        """
+        if st.kind == "source":
+            if isinstance(st.source, SparkSource):
+                head = "spark.readStream of the SparkSource -> mapInArrow"
+            else:
+                head = (
+                    "readStream.format('flowspark_source') (offsets: the partitions' snapshots; stage runs in the read)"
+                )
+            return f"{head} -> joins the routed chain" if self.routed else head
+        tick = " + tick stream" if self.timers else ""
+        if self.routed:
+            if st.kind == "keyed":
+                return (
+                    f"(routed chain{tick}) -> groupBy(pmod(hash(k), {self.buckets}) for {st.union()}, "
+                    f"else the forward group {self.buckets}).{self.keyed_op()}"
+                )
+            return f"(routed chain) -> mapInArrow over {st.union()}, forwarding the rest"
+        if st.kind == "keyed":
+            ck = st.spec.column_key
+            if ck is not None:
+                col = ck.column
+                return (
+                    f"(stage{ck.source_stage}'s rows, numbered by an Arrow pass{tick}, or for a parquet file "
+                    "stream into a sink written by one stateful_map, by the file and row index Spark reads) "
+                    f"-> groupBy(pmod(hash({col}), "
+                    f"{self.buckets})).{self.keyed_op()}, running stage {ck.source_stage}'s steps on row dicts; "
+                    f"when {col!r} is not a plain string column (or the checkpoint started otherwise): "
+                    f"({st.union()}{tick}) -> groupBy(pmod(hash(k), {self.buckets}))"
+                )
+            return f"({st.union()}{tick}) -> groupBy(pmod(hash(k), {self.buckets})).{self.keyed_op()}"
+        return f"({st.union()}) -> mapInArrow"
+
+    def state(self, st: StagePlan) -> str:
+        """How a keyed stage keeps its state.
+
+        Args:
+            st: A keyed stage.
+
+        Returns:
+            The text.
+        """
+        steps = [ks.step_id for ks in st.spec.chain]
+        which = steps[0] if len(steps) == 1 else "step i of " + ", ".join(steps)
+        timeout = "; the bucket's timeout is its earliest notify_at" if self.timers else "; no timers"
+        if self.layout == "key":
+            return (
+                f"layout 'key': entries (snapshots, notify_at), snapshots[i] = None or (snapshot of {which},); "
+                f"a bucket's row holds its last {HOT_PER_BUCKET} touched keys' entries and which keys wait for "
+                f"a notification, a MapState row per other key is read only when the key is touched{timeout}; "
+                "the bucket count is fixed for a checkpoint"
+            )
+        return (
+            f"layout 'bucket': one row per bucket: pickle of {{key: (snapshots, notify_at)}}, snapshots[i] = None or "
+            f"(snapshot of {which},){timeout}; the bucket count is fixed for a checkpoint"
+        )
