@@ -381,15 +381,18 @@ def _seen_flow(source):
 
 
 @pytest.mark.parametrize("column_key", [False, True])
-def test_a_flat_bucket_call_gives_the_same_state_entries_and_sink_rows(spark, column_key):  # noqa: ARG001 (a DDL schema needs a session)
+def test_a_flat_bucket_call_gives_the_same_state_entries_and_sink_rows(column_key):
     """One `batch_fn` step writing a sink's rows (`BucketDriver.flat`) against the bare and the logic paths."""
     import pandas as pd
+    from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType  # noqa: TID251
 
     plan = _seen_flow(
         SparkSource("parquet", "/x", schema="user STRING, v LONG", streaming=True) if column_key else TestingSource([])
     )
     spec = next(st.spec for st in plan.stages if st.spec.chain)
-    schema = RowSchema("f.out", "user STRING, last ARRAY<BIGINT>", "UTC")
+    # A StructType, not DDL: parsing DDL needs a session, and this test needs none.
+    struct = StructType([StructField("user", StringType()), StructField("last", ArrayType(LongType()))])
+    schema = RowSchema("f.out", struct, "UTC")
     rows = [("a", 1), ("b", 2), ("a", 0), ("e", 9), ("a", 3), ("c", 4), ("b", 5), ("a", 6), ("e", 0)]
 
     def frame_of(rows):  # a group's rows come in any order: sequences (row numbers) order each key's values
