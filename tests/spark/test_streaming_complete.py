@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from complete_case import GAP, T0, canon, expected, read_rows, stage_run, streaming_flow
+from test_quiet_success import JVM_LINE
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -80,4 +81,6 @@ def test_the_command_line_run_processes_every_file_there_at_its_start(tmp_path):
         stage_run(tmp_path / "in", i)
         done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr[-3000:]
+        noise = [ln for ln in done.stderr.splitlines() if ln.strip() and ln.strip() != JVM_LINE]
+        assert noise == [], "\n".join(noise)[:3000]  # --no-progress: nothing on stderr but the JVM's own line
     assert canon(read_rows(tmp_path / "out")) == expected(pause=False)
