@@ -47,7 +47,7 @@ def run(
     """
     plan = compile_flow(as_graph(flow))
     if not plan.bounded:
-        return run_streaming(flow, spark=spark, checkpoint=checkpoint, trigger=trigger, **options)
+        return run_streaming(plan, spark=spark, checkpoint=checkpoint, trigger=trigger, **options)
     if trigger is not None:
         msg = (
             f"flowspark.spark.run: trigger={trigger!r} applies to flows with an unbounded source; every "
