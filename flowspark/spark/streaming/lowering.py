@@ -112,7 +112,11 @@ class Lowering:
         """
         if self.tws:
             mode = "ProcessingTime" if self.timers or self.layout == "key" else "None"
-            return f"transformWithStateInPandas(timeMode={mode})"
+            # It needs the RocksDB state store: the run sets it on the session (said here, and in run_streaming).
+            return (
+                f"transformWithStateInPandas(timeMode={mode}; the run sets the session's "
+                "spark.sql.streaming.stateStore.providerClass to RocksDBStateStoreProvider)"
+            )
         return f"applyInPandasWithState({'ProcessingTimeTimeout' if self.timers else 'NoTimeout'})"
 
     def stage(self, st: StagePlan) -> str:

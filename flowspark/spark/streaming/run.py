@@ -89,6 +89,11 @@ def run_streaming(
             Spark's file sink would skip those micro-batch ids and write nothing; `True`
             deletes that directory instead, and the query writes it anew.
 
+    A flow with several keyed stages, or the key layout, runs on transformWithStateInPandas,
+    which needs RocksDB: the run then sets `spark.sql.streaming.stateStore.providerClass`
+    to `RocksDBStateStoreProvider` on `spark` (your session's setting for later queries
+    too); `explain` says so.
+
     Returns:
         The finished `StreamingRun` (its `query` holds Spark's progress reports).
 
