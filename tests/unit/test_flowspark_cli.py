@@ -290,7 +290,7 @@ def test_plan_spark_streaming_shows_buckets_and_state_layout(tmp_path):
     assert "stage 0 [source]: readStream.format('flowspark_source')" in out
     # stateful_map cannot notify: the query runs without timers (no tick stream, NoTimeout)
     assert "stage 1 [keyed]: (stage0.port0) -> groupBy(pmod(hash(k), 8)).applyInPandasWithState(NoTimeout)" in out
-    assert "state: layout 'bucket': one row per bucket: pickle of {key: (snapshots, notify_at)}" in out
+    assert "state: layout 'bucket': one row per bucket: pickle of {key: (snapshots, notify_at, run)}" in out
     res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--state-layout", "key")
     assert res.returncode == 0, res.stderr
     assert "transformWithStateInPandas(timeMode=ProcessingTime; " in res.stdout

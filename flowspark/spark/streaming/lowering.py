@@ -173,12 +173,12 @@ class Lowering:
         timeout = "; the bucket's timeout is its earliest notify_at" if self.timers else "; no timers"
         if self.layout == "key":
             return (
-                f"layout 'key': entries (snapshots, notify_at), snapshots[i] = None or (snapshot of {which},); "
+                f"layout 'key': entries (snapshots, notify_at, run), snapshots[i] = None or (snapshot of {which},); "
                 f"a bucket's row holds its last {HOT_PER_BUCKET} touched keys' entries and which keys wait for "
                 f"a notification, a MapState row per other key is read only when the key is touched{timeout}; "
                 "the bucket count is fixed for a checkpoint"
             )
         return (
-            f"layout 'bucket': one row per bucket: pickle of {{key: (snapshots, notify_at)}}, snapshots[i] = None or "
-            f"(snapshot of {which},){timeout}; the bucket count is fixed for a checkpoint"
+            f"layout 'bucket': one row per bucket: pickle of {{key: (snapshots, notify_at, run)}}, "
+            f"snapshots[i] = None or (snapshot of {which},){timeout}; the bucket count is fixed for a checkpoint"
         )

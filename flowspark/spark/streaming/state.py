@@ -121,7 +121,8 @@ def dump_state(table: Any) -> bytes:
     cannot import them by name, cloudpickle carries them. Both decode with `pickle.loads`.
 
     Args:
-        table: `{key: (snapshots, notify_at)}`, or one `(snapshots, notify_at)`.
+        table: `{key: (snapshots, notify_at, run)}`, or one such entry (`run`: the writing run's
+            token, see `BucketDriver.earlier`; entries of older versions have none).
 
     Returns:
         The bytes.
