@@ -648,30 +648,13 @@ class StepDriver:
         Returns:
             `(emits as (tag, value) pairs in order, logic or None)`.
         """
-        out: Emits = []
         if items and logic is None:
             logic = self.build(key)
         # Emits sort by (activation, key, then as their values): see `regroup`.
         mid = key_tag(key) if self.regroup and items and items[0][0] else b""
         if logic is not None and not wants_notify(logic):
-            # No timers: hand the values over in large batches. Emit j of a batch gets the
-            # tag of value min(j, n-1) plus j: strictly increasing, so order is kept.
-            for start in range(0, len(items), _KEY_CHUNK):
-                chunk = items[start : start + _KEY_CHUNK]
-                if logic is None:
-                    logic = self.build(key)
-                ws, discard = self.feed(key, logic, [v for _, v in chunk])
-                if ws:
-                    _tag_emits(chunk, ws, mid, tags, out)
-                if discard:
-                    logic = None
-            if eof and logic is not None:
-                tag = eof_tag(self.level, key)
-                ws, discard = self.eof(key, logic)
-                out.extend([(tag + idx(EOF_BASE + j), w) for j, w in enumerate(ws)])
-                if discard:
-                    logic = None
-            return out, logic
+            return self._drive_plain(key, items, logic, eof, mid, tags)
+        out: Emits = []
         # One activation at a time (the values sharing their tag's activation header; a
         # runtime without tags hands one activation): the notifications due by now fire
         # first, then the activation's values go to one `on_batch`, as in Bytewax, where
@@ -704,6 +687,32 @@ class StepDriver:
                 if discard:
                     logic = None
             out.extend([(tag + idx(EOF_BASE + n), w) for n, w in enumerate(ws)])
+        return out, logic
+
+    def _drive_plain(
+        self, key: str, items: list[tuple[bytes, Any]], logic: Any, eof: bool, mid: bytes, tags: bool
+    ) -> tuple[Emits, Any]:
+        """`drive` for a logic without notifications: the values in large batches, then `on_eof`.
+
+        Emit j of a batch gets the tag of value min(j, n-1) plus j: strictly increasing, so
+        order is kept.
+        """
+        out: Emits = []
+        for start in range(0, len(items), _KEY_CHUNK):
+            chunk = items[start : start + _KEY_CHUNK]
+            if logic is None:
+                logic = self.build(key)
+            ws, discard = self.feed(key, logic, [v for _, v in chunk])
+            if ws:
+                _tag_emits(chunk, ws, mid, tags, out)
+            if discard:
+                logic = None
+        if eof and logic is not None:
+            tag = eof_tag(self.level, key)
+            ws, discard = self.eof(key, logic)
+            out.extend([(tag + idx(EOF_BASE + j), w) for j, w in enumerate(ws)])
+            if discard:
+                logic = None
         return out, logic
 
 

@@ -527,8 +527,6 @@ class StreamingRun:
 
     def start(self, trigger: Optional[str]) -> Any:
         """Build the query and start it with `trigger`; return the `StreamingQuery`."""
-        from pyspark.sql import functions as F  # noqa: N812
-
         self._check_output_log()
         if self.dead_dir is not None:
             files = self._spark_writer_sink()
@@ -544,66 +542,14 @@ class StreamingRun:
         lone = self._lone_native_sink()
         to_table: Optional[str] = None
         if writer is not None:
-            sink: SparkSink = writer.sink
-            if self._sink_fused_stage == writer.port[0] and self.routes is None:
-                rows = self.dfs[writer.port[0]]  # the keyed stage already wrote the sink's rows
-            else:
-                rows = sink_rows(
-                    self.spark, self._port_rows(last, writer.port), writer.step_id, sink.schema, self.dead_dir
-                )
-            if sink.format == "kafka":
-                w = rows.writeStream.format("kafka").outputMode("append")
-            elif sink.format == "table":
-                provider = sink.table_provider(self.spark)
-                w = (rows.writeStream if provider is None else rows.writeStream.format(provider)).outputMode("append")
-                to_table = sink.path
-            else:
-                w = rows.writeStream.format(sink.format).option("path", sink.path).outputMode("append")
-            if sink.options:
-                w = w.options(**sink.options)
-            if sink.partition_by:
-                w = w.partitionBy(*sink.partition_by)
+            w, to_table = self._native_writer(last, writer)
         elif lone is not None:
             # A ForeachBatchSink, or a SparkSink whose schema comes from the first rows: each
             # micro-batch's rows become a DataFrame inside foreachBatch (at-least-once).
             rows_fn = functools.partial(self._foreach_rows, lone)
             w = self._port_rows(last, lone.port).writeStream.foreachBatch(rows_fn)
         else:
-            ports = sorted(
-                {sk.port for sk in self.plan.sinks}
-                | {ins.port for ins in self.plan.inspects}
-                | (set() if self.dead_dir is not None else set(self.plan.dead_ports()))
-            )
-            # A source stage Spark keyed (`spark_keyed`) has no DataFrame of its own: the keyed stage ran its steps.
-            ports = [(s, q) for s, q in ports if s in self.dfs or self.routes is not None]
-            if self.routes is not None:
-                p = F.col("p")
-                out = last.filter(p.isin([s * ROUTE + q for s, q in ports])).select(
-                    (p / ROUTE).cast("int").alias("st"), (p % ROUTE).cast("int").alias("p"), "seq", "v"
-                )
-            else:
-                # One read of each stage's DataFrame, whatever number of its ports the writer takes.
-                parts = [
-                    self.dfs[s]
-                    .filter(F.col("p").isin([q for t, q in ports if t == s]))
-                    .select(F.lit(s).alias("st"), "p", "seq", "v")
-                    for s in sorted({s for s, _q in ports})
-                ]
-                out = parts[0]
-                for other in parts[1:]:
-                    out = out.union(other)
-            self._open_sinks()
-            if self.plan.dead_letter is not None and self.dead_dir is None:
-                from flowspark.deadletter import dead_letter_step
-                from flowspark.spark.outputs import SparkDeadLetters
-
-                self.dead = SparkDeadLetters(
-                    self.spark, self.plan.dead_letter, dead_letter_step(self.plan.flow_id), True
-                )
-            if self.connect:
-                w = self.outbox.writer(out)
-            else:
-                w = out.writeStream.foreachBatch(self._foreach_batch)
+            w = self._driver_writer(last)
         if self.outbox.exists():
             self.deliver()  # what an earlier run (maybe through Spark Connect) committed but did not hand over
         w = w.option("checkpointLocation", qchk).queryName(f"flowspark_{self.plan.flow_id}")
@@ -621,6 +567,65 @@ class StreamingRun:
                 raise err from e
             raise
         return self.query
+
+    def _native_writer(self, last: Any, writer: SinkPlan) -> tuple[Any, Optional[str]]:
+        """Spark's own writer of the lone `SparkSink` with a schema: `(DataStreamWriter, table or None)`."""
+        sink: SparkSink = writer.sink
+        if self._sink_fused_stage == writer.port[0] and self.routes is None:
+            rows = self.dfs[writer.port[0]]  # the keyed stage already wrote the sink's rows
+        else:
+            rows = sink_rows(self.spark, self._port_rows(last, writer.port), writer.step_id, sink.schema, self.dead_dir)
+        to_table: Optional[str] = None
+        if sink.format == "kafka":
+            w = rows.writeStream.format("kafka").outputMode("append")
+        elif sink.format == "table":
+            provider = sink.table_provider(self.spark)
+            w = (rows.writeStream if provider is None else rows.writeStream.format(provider)).outputMode("append")
+            to_table = sink.path
+        else:
+            w = rows.writeStream.format(sink.format).option("path", sink.path).outputMode("append")
+        if sink.options:
+            w = w.options(**sink.options)
+        if sink.partition_by:
+            w = w.partitionBy(*sink.partition_by)
+        return w, to_table
+
+    def _driver_writer(self, last: Any) -> Any:
+        """`foreachBatch` (or, on Spark Connect, the outbox) taking every port read at the driver."""
+        from pyspark.sql import functions as F  # noqa: N812
+
+        ports = sorted(
+            {sk.port for sk in self.plan.sinks}
+            | {ins.port for ins in self.plan.inspects}
+            | (set() if self.dead_dir is not None else set(self.plan.dead_ports()))
+        )
+        # A source stage Spark keyed (`spark_keyed`) has no DataFrame of its own: the keyed stage ran its steps.
+        ports = [(s, q) for s, q in ports if s in self.dfs or self.routes is not None]
+        if self.routes is not None:
+            p = F.col("p")
+            out = last.filter(p.isin([s * ROUTE + q for s, q in ports])).select(
+                (p / ROUTE).cast("int").alias("st"), (p % ROUTE).cast("int").alias("p"), "seq", "v"
+            )
+        else:
+            # One read of each stage's DataFrame, whatever number of its ports the writer takes.
+            parts = [
+                self.dfs[s]
+                .filter(F.col("p").isin([q for t, q in ports if t == s]))
+                .select(F.lit(s).alias("st"), "p", "seq", "v")
+                for s in sorted({s for s, _q in ports})
+            ]
+            out = parts[0]
+            for other in parts[1:]:
+                out = out.union(other)
+        self._open_sinks()
+        if self.plan.dead_letter is not None and self.dead_dir is None:
+            from flowspark.deadletter import dead_letter_step
+            from flowspark.spark.outputs import SparkDeadLetters
+
+            self.dead = SparkDeadLetters(self.spark, self.plan.dead_letter, dead_letter_step(self.plan.flow_id), True)
+        if self.connect:
+            return self.outbox.writer(out)
+        return out.writeStream.foreachBatch(self._foreach_batch)
 
     def _check_output_log(self) -> None:
         """Refuse (or, with `clear_outputs`, empty) a file sink directory holding another query's log.
