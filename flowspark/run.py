@@ -8,7 +8,7 @@ deployment's environment keeps working:
   Env: `FLOWSPARK_SNAPSHOT_INTERVAL`, `BYTEWAX_SNAPSHOT_INTERVAL`.
 - `-r/--recovery-directory DIR`: resume from / snapshot to this store.
   Env: `FLOWSPARK_RECOVERY_DIRECTORY`, `BYTEWAX_RECOVERY_DIRECTORY`.
-- `-b/--backup-interval SECS`: kept in the `RecoveryConfig`.
+- `-b/--backup-interval SECS`: `RecoveryConfig.backup_interval` (older snapshots kept this long).
   Env: `FLOWSPARK_RECOVERY_BACKUP_INTERVAL`, `BYTEWAX_RECOVERY_BACKUP_INTERVAL`.
 - `-w/--workers-per-process N`: workers (see below).
   Env: `FLOWSPARK_WORKERS_PER_PROCESS`, `BYTEWAX_WORKERS_PER_PROCESS`.
@@ -188,7 +188,7 @@ def build_parser(prog: str = _PROG, *, processes: bool = False) -> argparse.Argu
         "--backup-interval",
         type=_seconds,
         metavar="SECS",
-        help=f"seconds to keep older snapshots (recorded in the RecoveryConfig) {env('backup_interval')}",
+        help=f"seconds to keep older snapshots (RecoveryConfig.backup_interval) {env('backup_interval')}",
     )
     scale = parser.add_argument_group(
         "Scaling",
