@@ -275,14 +275,14 @@ def _state_layout(plan: Any, streaming: Any, partitions: Optional[int]) -> list[
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from flowspark.visualize import to_json, to_mermaid
+    from flowspark.visualize import to_flowchart, to_steps_json
 
     flow = _load(args.import_str)
     if not args.spark:
         if args.format == "json":
-            print(to_json(flow, args.recursive))
+            print(to_steps_json(flow, args.recursive))
         elif args.format == "mermaid":
-            print(to_mermaid(flow, args.recursive))
+            print(to_flowchart(flow, args.recursive))
         else:
             print(to_text(flow, args.recursive))
         return 0
@@ -314,7 +314,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             physical = physical_plans(plan, spark)
     layout = _state_layout(plan, streaming, partitions)
     if args.format == "json":
-        doc = {"dataflow": json.loads(to_json(flow, args.recursive)), "spark": _plan_json(plan, describe)}
+        doc = {"dataflow": json.loads(to_steps_json(flow, args.recursive)), "spark": _plan_json(plan, describe)}
         doc["spark"]["mode"] = "streaming" if streaming else "batch"
         doc["spark"]["keyed_state"] = layout
         if not args.no_physical:

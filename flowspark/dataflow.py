@@ -344,6 +344,35 @@ def _direct_streams(sig: inspect.Signature, arguments: dict[str, Any]) -> list[S
     return out
 
 
+def _up_ports(sig: inspect.Signature, arguments: dict[str, Any]) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Input ports as Bytewax names them: each `Stream` parameter; `*args` / `**kwargs` of streams."""
+    out = []
+    for name, val in arguments.items():
+        kind = sig.parameters[name].kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            ids = tuple(v.stream_id for v in val if isinstance(v, Stream))
+        elif kind is inspect.Parameter.VAR_KEYWORD:
+            ids = tuple(v.stream_id for v in val.values() if isinstance(v, Stream))
+        elif isinstance(val, Stream):
+            ids = (val.stream_id,)
+        else:
+            continue
+        if ids or kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            out.append((name, ids))
+    return tuple(out)
+
+
+def _down_ports(result: Any) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """Output ports as Bytewax names them: `down` for a returned stream, else the dataclass's stream fields."""
+    if isinstance(result, Stream):
+        return (("down", (result.stream_id,)),)
+    if is_dataclass(result) and not isinstance(result, type):
+        return tuple(
+            (f.name, (v.stream_id,)) for f in fields(result) if isinstance(v := getattr(result, f.name), Stream)
+        )
+    return ()
+
+
 def _find_flow(values: list[Any]) -> Optional[Dataflow]:
     for v in values:
         if isinstance(v, Dataflow):
@@ -450,6 +479,8 @@ def operator(fn: Optional[F] = None, *, _core: bool = False) -> Any:
                 ups=tuple(s.stream_id for s in _streams_in(values)),
                 downs=tuple(s.stream_id for s in _streams_in(result)),
                 substeps=tuple(scope.substeps),
+                up_ports=_up_ports(sig, bound.arguments),
+                down_ports=_down_ports(result),
             )
         )
         return result

@@ -239,6 +239,11 @@ class Composite:
     ups: tuple[str, ...]
     downs: tuple[str, ...]
     substeps: tuple[str, ...] = field(default=())
+    #: Named ports, as Bytewax names them: `(port name, stream ids)` per `Stream` parameter
+    #: (`*ups` / `**kw` of streams: one port of several streams) and per returned stream
+    #: (`"down"`, or the fields of a returned dataclass such as `trues` / `falses`).
+    up_ports: tuple[tuple[str, tuple[str, ...]], ...] = field(default=())
+    down_ports: tuple[tuple[str, tuple[str, ...]], ...] = field(default=())
 
 
 @dataclass(frozen=True)

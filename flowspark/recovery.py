@@ -5,14 +5,25 @@ Create the store once with `init_db_dir(db_dir, count)` (or
 `RecoveryConfig(db_dir)` to `run_main`. At every epoch boundary the executor
 writes the state of every key touched in the epoch, every source partition's
 position and every sink partition's state, then commits the epoch. A later run
-with the same store resumes from the last committed epoch: after an EOF it
-continues the input with state restored; after an abort or crash it replays the
-input since the last snapshot (output of that stretch may be repeated).
+with the same store resumes from the last epoch committed in every partition:
+after an EOF it continues the input with state restored; after an abort or
+crash it replays the input since the last snapshot (output of that stretch may
+be repeated).
+
+Garbage collection, as in Bytewax: once an epoch is committed in every
+partition, each partition deletes the snapshots that epoch `E - k` no longer
+needs, where `k` is `backup_interval / epoch_interval` rounded up (0 by
+default). A store can therefore resume from any epoch of the last `k`: restoring
+partitions from backups taken up to `backup_interval` apart works, and the run
+resumes from the oldest restored epoch. A partition older than that cannot be
+resumed from without data loss (the others deleted what its epoch needs):
+opening the store raises `InconsistentPartitionsError`.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import pickle
 import sqlite3
 from dataclasses import dataclass
@@ -23,7 +34,13 @@ from zlib import adler32
 
 from flowspark.errors import InconsistentPartitionsError, MissingPartitionsError, NoPartitionsError
 
-__all__ = ["RecoveryConfig", "init_db_dir"]
+__all__ = [
+    "InconsistentPartitionsError",
+    "MissingPartitionsError",
+    "NoPartitionsError",
+    "RecoveryConfig",
+    "init_db_dir",
+]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS parts (part_index INTEGER PRIMARY KEY, part_count INTEGER NOT NULL);
@@ -36,6 +53,9 @@ CREATE TABLE IF NOT EXISTS snaps (
 );
 CREATE TABLE IF NOT EXISTS commits (epoch INTEGER PRIMARY KEY);
 """
+_GC_TABLE = "CREATE TABLE IF NOT EXISTS gc (part_index INTEGER PRIMARY KEY, gc_epoch INTEGER NOT NULL)"
+# `gc`: this partition holds the state as of `gc_epoch` and later epochs only (older
+# versions it no longer needed are deleted). Absent (a store written before it existed): 0.
 
 
 @dataclass(frozen=True)
@@ -44,13 +64,58 @@ class RecoveryConfig:
 
     Args:
         db_dir: Directory created by `init_db_dir`.
-        backup_interval: Keep snapshots older than the last committed epoch for this
-            long (accepted for Bytewax compatibility; the executor keeps only what it
-            needs to resume when this is `None`).
+        backup_interval: Keep the snapshots an epoch needs for this long after a newer
+            epoch superseded it (as in Bytewax: counted in epochs, `backup_interval /
+            epoch_interval` rounded up), so that partitions restored from backups taken
+            up to this far apart can still be resumed from. Set it to how often the
+            partitions are backed up. Default (`None`): zero, nothing older than the
+            last committed epoch is kept.
+
+    Raises:
+        TypeError: `backup_interval` is not a `timedelta`.
+        ValueError: `backup_interval` is negative.
     """
 
     db_dir: Path
     backup_interval: Optional[timedelta] = None
+
+    def __post_init__(self) -> None:
+        """Check `backup_interval`."""
+        bi = self.backup_interval
+        if bi is not None and not isinstance(bi, timedelta):
+            msg = (
+                f"RecoveryConfig: backup interval must be a `datetime.timedelta`; received {bi!r} "
+                f"of type {type(bi).__name__}"
+            )
+            raise TypeError(msg)
+        if bi is not None and bi < timedelta(0):
+            msg = f"RecoveryConfig: backup interval must not be negative; received {bi!r}"
+            raise ValueError(msg)
+
+
+def epochs_per(epoch_interval: timedelta, backup_interval: Optional[timedelta]) -> Optional[int]:
+    """How many epochs `backup_interval` lasts (rounded up), as Bytewax counts it.
+
+    Args:
+        epoch_interval: The run's epoch length.
+        backup_interval: `RecoveryConfig.backup_interval`.
+
+    Returns:
+        The number of superseded epochs to keep; `None`: keep all (a non-zero backup
+        interval with a zero epoch interval).
+
+    Example:
+        >>> epochs_per(timedelta(seconds=5), timedelta(seconds=12))
+        3
+        >>> epochs_per(timedelta(seconds=5), None)
+        0
+    """
+    if not backup_interval:
+        return 0
+    if not epoch_interval:
+        return None
+    us = timedelta(microseconds=1)
+    return math.ceil((backup_interval // us) / (epoch_interval // us))
 
 
 def init_db_dir(db_dir: Path, count: int) -> None:
@@ -78,6 +143,7 @@ def init_db_dir(db_dir: Path, count: int) -> None:
     for i in range(count):
         with sqlite3.connect(db_dir / f"part-{i}.sqlite3") as con:
             con.executescript(_SCHEMA)
+            con.execute(_GC_TABLE)
             con.execute("INSERT OR REPLACE INTO parts VALUES (?, ?)", (i, count))
         con.close()
 
@@ -89,14 +155,22 @@ DELETED = object()
 class RecoveryStore:
     """Reads and writes the partitions of a recovery directory (used by runtimes)."""
 
-    def __init__(self, config: RecoveryConfig) -> None:
+    def __init__(self, config: RecoveryConfig, keep_epochs: Optional[int] = 0) -> None:
         """Open every partition and check they belong together.
+
+        Args:
+            config: The store.
+            keep_epochs: Superseded epochs whose snapshots are kept (`epochs_per`);
+                `None`: keep every snapshot.
 
         Raises:
             NoPartitionsError: The directory has no partitions.
             MissingPartitionsError: Some partitions are missing.
-            InconsistentPartitionsError: Partitions disagree on the count.
+            InconsistentPartitionsError: Partitions disagree on the count, or some are
+                too old to resume from: the others already deleted the snapshots
+                their last epoch needs.
         """
+        self.keep_epochs = keep_epochs
         db_dir = Path(config.db_dir)
         paths = sorted(db_dir.glob("part-*.sqlite3")) if db_dir.is_dir() else []
         if not paths:
@@ -137,6 +211,30 @@ class RecoveryStore:
             self.close()
             msg = f"recovery directory {str(db_dir)!r} is missing partitions {missing} of {self.count}"
             raise MissingPartitionsError(msg)
+        for con in self._cons.values():
+            con.execute(_GC_TABLE)  # also in a store written before it existed
+        self._check_resumable(db_dir)
+
+    def _check_resumable(self, db_dir: Path) -> None:
+        """Raise `InconsistentPartitionsError` when some partition cannot resume from the resume epoch."""
+        epoch = self.resume_epoch()
+        gced = {}
+        for index, con in self._cons.items():
+            row = con.execute("SELECT MAX(gc_epoch) FROM gc").fetchone()
+            gced[index] = row[0] or 0
+        ahead = sorted(i for i, g in gced.items() if g > epoch)
+        if not ahead:
+            return
+        lasts = {i: con.execute("SELECT MAX(epoch) FROM commits").fetchone()[0] or 0 for i, con in self._cons.items()}
+        old = sorted(i for i, last in lasts.items() if last == epoch)
+        self.close()
+        msg = (
+            f"recovery partitions {old} of {self.count} in {str(db_dir)!r} are too old to resume from epoch "
+            f"{epoch} without data loss: partitions {ahead} already deleted the snapshots of that epoch "
+            f"(they keep epochs {min(gced[i] for i in ahead)} and later); restore a newer backup of "
+            f"partitions {old}, or back up all partitions within `RecoveryConfig.backup_interval` of each other"
+        )
+        raise InconsistentPartitionsError(msg)
 
     def close(self) -> None:
         """Close every connection."""
@@ -200,21 +298,31 @@ class RecoveryStore:
         for con in self._cons.values():
             rows = by_con.get(id(con), [])
             with con:
-                # Garbage-collect up to the previous epoch only: it is committed in every
-                # partition (the resume point is the oldest partition's last commit), while
-                # this one may not be if the write fails half-way. Drop older versions of
-                # keys rewritten in it, then deletion markers that no longer hide anything.
-                prev = con.execute("SELECT MAX(epoch) FROM commits WHERE epoch < ?", (epoch,)).fetchone()[0]
-                if prev is not None:
-                    con.execute(
-                        "DELETE FROM snaps WHERE epoch < ? AND EXISTS (SELECT 1 FROM snaps n"
-                        " WHERE n.step_id = snaps.step_id AND n.state_key = snaps.state_key"
-                        " AND n.epoch = ?)",
-                        (prev, prev),
-                    )
-                    con.execute("DELETE FROM snaps WHERE epoch <= ? AND ser_change IS NULL", (prev,))
                 con.executemany("INSERT OR REPLACE INTO snaps VALUES (?, ?, ?, ?)", rows)
                 con.execute("INSERT OR REPLACE INTO commits VALUES (?)", (epoch,))
+        # Only now is `epoch` committed in every partition (a write failing half-way leaves
+        # the previous one as the resume point, which nothing has deleted yet). Delete what
+        # no epoch from `epoch - keep_epochs` on needs.
+        if self.keep_epochs is not None and epoch - self.keep_epochs >= 1:
+            self._collect(epoch - self.keep_epochs)
+
+    def _collect(self, upto: int) -> None:
+        """In every partition, keep the state as of epoch `upto` and later only."""
+        for index, con in self._cons.items():
+            with con:
+                # Versions older than a key's latest version at or before `upto`; then
+                # deletion markers at or before `upto` (nothing older is left to hide).
+                con.execute(
+                    "DELETE FROM snaps WHERE epoch < (SELECT MAX(n.epoch) FROM snaps n"
+                    " WHERE n.step_id = snaps.step_id AND n.state_key = snaps.state_key AND n.epoch <= ?)",
+                    (upto,),
+                )
+                con.execute("DELETE FROM snaps WHERE epoch <= ? AND ser_change IS NULL", (upto,))
+                con.execute(
+                    "INSERT INTO gc VALUES (?, ?) ON CONFLICT (part_index) DO UPDATE"
+                    " SET gc_epoch = MAX(gc_epoch, excluded.gc_epoch)",
+                    (index, upto),
+                )
 
 
 def main(argv: Optional[list[str]] = None) -> None:

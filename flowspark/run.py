@@ -8,7 +8,7 @@ deployment's environment keeps working:
   Env: `FLOWSPARK_SNAPSHOT_INTERVAL`, `BYTEWAX_SNAPSHOT_INTERVAL`.
 - `-r/--recovery-directory DIR`: resume from / snapshot to this store.
   Env: `FLOWSPARK_RECOVERY_DIRECTORY`, `BYTEWAX_RECOVERY_DIRECTORY`.
-- `-b/--backup-interval SECS`: kept in the `RecoveryConfig`.
+- `-b/--backup-interval SECS`: `RecoveryConfig.backup_interval` (older snapshots kept this long).
   Env: `FLOWSPARK_RECOVERY_BACKUP_INTERVAL`, `BYTEWAX_RECOVERY_BACKUP_INTERVAL`.
 - `-w/--workers-per-process N`: workers (see below).
   Env: `FLOWSPARK_WORKERS_PER_PROCESS`, `BYTEWAX_WORKERS_PER_PROCESS`.
@@ -49,6 +49,11 @@ output, a missing recovery store, more workers than the runtime can give)
 print one line on stderr and exit with 1; a value that does not parse is a
 usage error (exit 2). An exception raised by the dataflow's own code shows its
 traceback.
+
+Ctrl-C (SIGINT), as in Bytewax: `KeyboardInterrupt` is raised out of the run
+(a traceback; the process ends as interrupted), after every source and sink
+partition of the in-memory executor is closed, so what the sinks wrote is kept.
+No snapshot is taken: with recovery the next run resumes from the last epoch.
 """
 
 from __future__ import annotations
@@ -183,7 +188,7 @@ def build_parser(prog: str = _PROG, *, processes: bool = False) -> argparse.Argu
         "--backup-interval",
         type=_seconds,
         metavar="SECS",
-        help=f"seconds to keep older snapshots (recorded in the RecoveryConfig) {env('backup_interval')}",
+        help=f"seconds to keep older snapshots (RecoveryConfig.backup_interval) {env('backup_interval')}",
     )
     scale = parser.add_argument_group(
         "Scaling",
@@ -494,11 +499,7 @@ def main(argv: Optional[list[str]] = None, *, prog: str = _PROG, processes: bool
     except _CliError as e:
         return fail(e)
     if args.runtime == "spark":
-        try:
-            return _run_spark(args, prog)
-        except KeyboardInterrupt:
-            print(f"{prog}: interrupted", file=sys.stderr)
-            return 130
+        return _run_spark(args, prog)
     try:
         flow = locate_dataflow(args.import_str)
         flow.validate()
@@ -518,9 +519,6 @@ def main(argv: Optional[list[str]] = None, *, prog: str = _PROG, processes: bool
         )
     except (RecoveryError, SingleWorkerError) as e:
         return fail(e)
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
     return 0
 
 

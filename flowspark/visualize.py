@@ -1,13 +1,17 @@
 """`python -m flowspark.visualize IMPORT_STR [-o mermaid|json|plantuml] [-r]`: print a dataflow's structure.
 
-By default the diagram shows the operators the user called (the top level of
-the operator tree) and the streams between them. With `-r/--recursive` it
-shows the core steps runtimes execute, nested in the composite operators that
-created them. `mermaid` prints a Mermaid flowchart (paste it into any Mermaid
-renderer), `plantuml` a PlantUML component diagram (`plantuml -tsvg`);
-`json` prints the steps and streams for tools.
+`to_json`, `to_mermaid` and `to_rendered` give Bytewax 0.21's formats, and the
+command line prints them as `python -m bytewax.visualize` does: `json` is the
+`RenderedDataflow` (every nested operator, with ports resolved to the ports
+that feed them), `mermaid` a flowchart of the top-level operators whose edges
+are labelled `"<from port> → <to port>"` (`-r` does not apply to either, as in
+Bytewax). `plantuml` prints a PlantUML component diagram (`plantuml -tsvg`),
+nested with `-r`.
 
-The JSON document:
+flowspark's own views, used by `flowspark plan --format json|mermaid [-r]`:
+`to_steps_json` (steps with their operator and core step type, and the streams
+between them) and `to_flowchart` (a Mermaid flowchart that can nest core steps).
+The steps-and-streams JSON document:
 
 ```
 {"flow_id": str, "recursive": bool,
@@ -17,8 +21,11 @@ The JSON document:
 
 `op` is the operator function's name (`map`, `stateful_map` ...), `core` the
 core step type (`FlatMapBatch` ...) when the step is one, else `null`.
-`substeps` (only with `-r`) nests the same objects. `streams` connect the
-listed top-level steps (default) or the core steps (`-r`).
+`substeps` (only with `recursive`) nests the same objects. `streams` connect the
+listed top-level steps (default) or the core steps (`recursive`).
+
+Composite operators may be built from other sub-steps than in Bytewax, so the
+nested levels of `to_json` can differ from Bytewax's; the top level is the same.
 """
 
 from __future__ import annotations
@@ -26,13 +33,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import ChainMap
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from flowspark import ir
 from flowspark.dataflow import Dataflow
 
-__all__ = ["main", "to_json", "to_mermaid", "to_plantuml"]
+__all__ = [
+    "RenderedDataflow",
+    "RenderedOperator",
+    "RenderedPort",
+    "main",
+    "to_flowchart",
+    "to_json",
+    "to_mermaid",
+    "to_plantuml",
+    "to_rendered",
+    "to_steps_json",
+]
 
 _PROG = "python -m flowspark.visualize"
 
@@ -125,8 +144,8 @@ def _step_json(step: _Step, recursive: bool) -> dict[str, Any]:
     return d
 
 
-def to_json(flow: Dataflow, recursive: bool = False) -> str:
-    """Describe a dataflow's steps and streams as JSON.
+def to_steps_json(flow: Dataflow, recursive: bool = False) -> str:
+    """Describe a dataflow's steps and streams as JSON (flowspark's view; `flowspark plan --format json`).
 
     Args:
         flow: The dataflow.
@@ -142,7 +161,7 @@ def to_json(flow: Dataflow, recursive: bool = False) -> str:
         >>> flow = Dataflow("eg")
         >>> s = op.map("double", op.input("inp", flow, TestingSource([1])), lambda x: 2 * x)
         >>> op.output("out", s, TestingSink([]))
-        >>> doc = json.loads(to_json(flow))
+        >>> doc = json.loads(to_steps_json(flow))
         >>> [(st["step_id"], st["op"]) for st in doc["steps"]]
         [('eg.inp', 'input'), ('eg.double', 'map'), ('eg.out', 'output')]
         >>> [(e["from"], e["to"]) for e in doc["streams"]]
@@ -162,8 +181,8 @@ def _label(text: str) -> str:
     return '["' + text.replace('"', "#quot;") + '"]'
 
 
-def to_mermaid(flow: Dataflow, recursive: bool = False) -> str:
-    """Draw a dataflow as a Mermaid flowchart.
+def to_flowchart(flow: Dataflow, recursive: bool = False) -> str:
+    """Draw a dataflow as a Mermaid flowchart (flowspark's view; `flowspark plan --format mermaid`).
 
     Node ids are `s0`, `s1` ...; each node's label is its full step id and
     operator (`"eg.double (map)"`); edges are labelled with the port name.
@@ -181,7 +200,7 @@ def to_mermaid(flow: Dataflow, recursive: bool = False) -> str:
         >>> flow = Dataflow("eg")
         >>> s = op.map("double", op.input("inp", flow, TestingSource([1])), lambda x: 2 * x)
         >>> op.output("out", s, TestingSink([]))
-        >>> print(to_mermaid(flow))
+        >>> print(to_flowchart(flow))
         flowchart TD
         subgraph flow_eg["eg (Dataflow)"]
           s0["eg.inp (input)"]
@@ -297,6 +316,193 @@ def _nest(
     return ids
 
 
+@dataclass(frozen=True)
+class RenderedPort:
+    """A port with its streams resolved to globally unique ids (Bytewax's `RenderedPort`).
+
+    Attributes:
+        port_name: `"up"`, `"down"`, `"ups"`, `"trues"` ...
+        port_id: `"<step id>.<port name>"`.
+        from_port_ids: The ports the streams come from, at this port's level of nesting.
+        from_stream_ids: The streams' ids.
+    """
+
+    port_name: str
+    port_id: str
+    from_port_ids: list[str]
+    from_stream_ids: list[str]
+
+
+@dataclass(frozen=True)
+class RenderedOperator:
+    """An operator call with its ports resolved (Bytewax's `RenderedOperator`).
+
+    Attributes:
+        op_type: The operator's name (`"map"`).
+        step_name: The id given to the call (`"double"`).
+        step_id: The full step id (`"eg.double"`).
+        inp_ports: Input ports.
+        out_ports: Output ports (linked to the inner ports only when it has sub-steps).
+        substeps: The operator calls it made.
+    """
+
+    op_type: str
+    step_name: str
+    step_id: str
+    inp_ports: list[RenderedPort]
+    out_ports: list[RenderedPort]
+    substeps: list[RenderedOperator]
+
+
+@dataclass(frozen=True)
+class RenderedDataflow:
+    """A dataflow with streams and ports resolved (Bytewax's `RenderedDataflow`).
+
+    Attributes:
+        flow_id: The dataflow's id.
+        substeps: The top-level operator calls.
+    """
+
+    flow_id: str
+    substeps: list[RenderedOperator]
+
+
+def _render(comp: ir.Composite, comps: dict[str, ir.Composite], origin: ChainMap[str, str]) -> RenderedOperator:
+    """Bytewax's resolution: a stream comes from the port that produced it, seen from this level."""
+    inp = [
+        RenderedPort(name, f"{comp.step_id}.{name}", [origin[sid] for sid in sids], list(sids))
+        for name, sids in comp.up_ports
+    ]
+    origin.update({sid: f"{comp.step_id}.{name}" for name, sids in comp.down_ports for sid in sids})
+    # Inside the operator, its input streams come from its own input ports.
+    inner = origin.new_child({sid: f"{comp.step_id}.{name}" for name, sids in comp.up_ports for sid in sids})
+    subs = [_render(comps[s], comps, inner) for s in comp.substeps if s in comps]
+    out = [
+        RenderedPort(
+            name,
+            f"{comp.step_id}.{name}",
+            [inner[sid] for sid in sids] if subs else [],
+            list(sids) if subs else [],
+        )
+        for name, sids in comp.down_ports
+    ]
+    return RenderedOperator(comp.name, comp.step_id.rsplit(".", 1)[-1], comp.step_id, inp, out, subs)
+
+
+def to_rendered(flow: Dataflow) -> RenderedDataflow:
+    """Resolve a dataflow's operator tree and port links, as Bytewax's `to_rendered` does.
+
+    Args:
+        flow: The dataflow.
+
+    Returns:
+        The rendered dataflow: connect each `RenderedPort.port_id` to its `from_port_ids`.
+
+    Example:
+        >>> import flowspark.operators as op
+        >>> from flowspark.testing import TestingSource, TestingSink
+        >>> flow = Dataflow("eg")
+        >>> s = op.map("double", op.input("inp", flow, TestingSource([1])), lambda x: 2 * x)
+        >>> op.output("out", s, TestingSink([]))
+        >>> r = to_rendered(flow)
+        >>> [(st.step_id, st.op_type) for st in r.substeps]
+        [('eg.inp', 'input'), ('eg.double', 'map'), ('eg.out', 'output')]
+        >>> r.substeps[2].inp_ports[0].from_port_ids
+        ['eg.double.down']
+    """
+    graph = flow.graph()
+    comps = {c.step_id: c for c in graph.composites}
+    origin: ChainMap[str, str] = ChainMap()
+    tops = [s for s in flow._scopes[0].substeps if s in comps]
+    return RenderedDataflow(graph.flow_id, [_render(comps[s], comps, origin) for s in tops])
+
+
+def _rendered_json(obj: Any) -> Any:
+    if isinstance(obj, RenderedDataflow):
+        return {"typ": "RenderedDataflow", "flow_id": obj.flow_id, "substeps": obj.substeps}
+    if isinstance(obj, RenderedOperator):
+        return {
+            "typ": "RenderedOperator",
+            "op_type": obj.op_type,
+            "step_name": obj.step_name,
+            "step_id": obj.step_id,
+            "inp_ports": obj.inp_ports,
+            "out_ports": obj.out_ports,
+            "substeps": obj.substeps,
+        }
+    if isinstance(obj, RenderedPort):
+        return {
+            "typ": "RenderedPort",
+            "port_name": obj.port_name,
+            "port_id": obj.port_id,
+            "from_port_ids": obj.from_port_ids,
+            "from_stream_ids": obj.from_stream_ids,
+        }
+    msg = f"Object of type {type(obj).__name__} is not JSON serializable"
+    raise TypeError(msg)
+
+
+def to_json(flow: Dataflow) -> str:
+    """Encode a dataflow as JSON in Bytewax's format (the `RenderedDataflow`, indented by 2).
+
+    Args:
+        flow: The dataflow.
+
+    Returns:
+        JSON text: objects carry `"typ"` (`RenderedDataflow`, `RenderedOperator`, `RenderedPort`).
+
+    Example:
+        >>> import json
+        >>> import flowspark.operators as op
+        >>> from flowspark.testing import TestingSource, TestingSink
+        >>> flow = Dataflow("eg")
+        >>> s = op.map("double", op.input("inp", flow, TestingSource([1])), lambda x: 2 * x)
+        >>> op.output("out", s, TestingSink([]))
+        >>> doc = json.loads(to_json(flow))
+        >>> [(st["step_id"], st["op_type"]) for st in doc["substeps"]]
+        [('eg.inp', 'input'), ('eg.double', 'map'), ('eg.out', 'output')]
+    """
+    return json.dumps(to_rendered(flow), default=_rendered_json, indent=2)
+
+
+def to_mermaid(flow: Dataflow) -> str:
+    """Draw a dataflow's top-level operators as a Mermaid flowchart, in Bytewax's format.
+
+    Args:
+        flow: The dataflow.
+
+    Returns:
+        Mermaid source; nodes are step ids, edges are labelled `"<from port> → <to port>"`.
+
+    Example:
+        >>> import flowspark.operators as op
+        >>> from flowspark.testing import TestingSource, TestingSink
+        >>> flow = Dataflow("eg")
+        >>> s = op.map("double", op.input("inp", flow, TestingSource([1])), lambda x: 2 * x)
+        >>> op.output("out", s, TestingSink([]))
+        >>> print(to_mermaid(flow))
+        flowchart TD
+        subgraph "eg (Dataflow)"
+        eg.inp["inp (input)"]
+        eg.double["double (map)"]
+        eg.inp -- "down → up" --> eg.double
+        eg.out["out (output)"]
+        eg.double -- "down → up" --> eg.out
+        end
+    """
+    rflow = to_rendered(flow)
+    lines = ["flowchart TD", f'subgraph "{rflow.flow_id} (Dataflow)"']
+    ports = {p.port_id: (st, p) for st in rflow.substeps for p in st.inp_ports + st.out_ports}
+    for step in rflow.substeps:
+        lines.append(f'{step.step_id}["{step.step_name} ({step.op_type})"]')
+        for port in step.inp_ports:
+            for from_id in port.from_port_ids:
+                from_step, from_port = ports[from_id]
+                lines.append(f'{from_step.step_id} -- "{from_port.port_name} → {port.port_name}" --> {step.step_id}')
+    lines.append("end")
+    return "\n".join(lines)
+
+
 def _safe(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in text)
 
@@ -316,13 +522,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-format",
         choices=["mermaid", "json", "plantuml"],
         default="mermaid",
-        help="mermaid flowchart (default), JSON of steps and streams, or a PlantUML component diagram",
+        help="Mermaid flowchart (default), Bytewax's RenderedDataflow JSON, or a PlantUML component diagram",
     )
     parser.add_argument(
         "-r",
         "--recursive",
         action="store_true",
-        help="show the core steps inside composite operators (default: top-level operators only)",
+        help="PlantUML: show the steps inside composite operators (Mermaid: never; JSON: always)",
     )
     return parser
 
@@ -346,11 +552,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(f"{_PROG}: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1
     if args.output_format == "json":
-        print(to_json(flow, args.recursive))
+        print(to_json(flow))
     elif args.output_format == "plantuml":
         print(to_plantuml(flow, args.recursive))
     else:
-        print(to_mermaid(flow, args.recursive))
+        print(to_mermaid(flow))
     return 0
 
 

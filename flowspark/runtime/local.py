@@ -54,7 +54,7 @@ from flowspark.inputs import (
 )
 from flowspark.logic import StatefulBatchLogic
 from flowspark.outputs import DynamicSink, FixedPartitionedSink, route_to_parts
-from flowspark.recovery import DELETED, RecoveryConfig, RecoveryStore
+from flowspark.recovery import DELETED, RecoveryConfig, RecoveryStore, epochs_per
 from flowspark.runtime.driver import NOT_FOUND, StepDriver, bad_item_error, failing_item
 
 __all__ = ["LogicalClock", "run_main"]
@@ -1065,7 +1065,9 @@ def run_main(
     state_ttl = ttl_arg("run_main", state_ttl)
     dead_sink = dead_letter_arg("run_main", dead_letter)
     dead = None if dead_sink is None else DeadLetters(dead_sink, dead_letter_step(flow.flow_id))
-    store = RecoveryStore(recovery_config) if recovery_config is not None else None
+    store = None
+    if recovery_config is not None:
+        store = RecoveryStore(recovery_config, epochs_per(epoch_interval, recovery_config.backup_interval))
     logical = None
     if clock == "logical":
         logical = LogicalClock(start_time or datetime(1970, 1, 1, tzinfo=timezone.utc))

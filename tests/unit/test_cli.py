@@ -285,8 +285,13 @@ def _vis(tmp_path, *args):
     return _cli(tmp_path, "flowspark.visualize", *args)
 
 
+def _plan(tmp_path, *args):
+    """flowspark's own views (`python -m flowspark.visualize` prints Bytewax's formats)."""
+    return _cli(tmp_path, "flowspark", "plan", *args)
+
+
 def test_visualize_mermaid_top_level(vis):
-    res = _vis(vis, "vis.py")
+    res = _plan(vis, "vis.py", "--format", "mermaid")
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert out.startswith("flowchart TD\n")
@@ -309,7 +314,7 @@ def test_visualize_mermaid_top_level(vis):
 
 
 def test_visualize_mermaid_recursive_shows_core_steps_in_subgraphs(vis):
-    res = _vis(vis, "vis.py", "-r")
+    res = _plan(vis, "vis.py", "--format", "mermaid", "-r")
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert 'subgraph g0["vis.m (map)"]' in out
@@ -320,7 +325,7 @@ def test_visualize_mermaid_recursive_shows_core_steps_in_subgraphs(vis):
 
 
 def test_visualize_json_top_level(vis):
-    res = _vis(vis, "vis.py", "-o", "json")
+    res = _plan(vis, "vis.py", "--format", "json")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["flow_id"] == "vis"
@@ -343,7 +348,7 @@ def test_visualize_json_top_level(vis):
 
 
 def test_visualize_json_recursive_nests_substeps_and_links_core_steps(vis):
-    res = _vis(vis, "vis.py", "--output-format", "json", "--recursive")
+    res = _plan(vis, "vis.py", "--format", "json", "--recursive")
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["recursive"] is True
