@@ -17,11 +17,12 @@ FlowsparkError
 ├── NotADirectoryPathError       (+ ValueError, NotADirectoryError)  DirSource given a file
 ├── FlowsparkTypeError           (+ TypeError)   an argument of the wrong type
 ├── FlowsparkCompileError        (+ ValueError)  a runtime cannot run this flow
-├── FlowsparkRuntimeError        (+ RuntimeError) a user callable failed while running;
-│   │                                             names the step, chains the cause
+├── FlowsparkRuntimeError        (+ RuntimeError) a user callable failed while running, or
+│   │                                             returned what its step cannot use; names
+│   │                                             the step, chains the cause
 │   │                                             (alias: BytewaxRuntimeError)
-│   └── FlowsparkRuntimeTypeError (+ TypeError)  ... and the cause is a TypeError
-│                                                 (e.g. a non-str key before a stateful step)
+│   └── FlowsparkRuntimeTypeError (+ TypeError)  an item before a stateful step is not a
+│                                                 `(str key, value)` 2-tuple (`routing_error`)
 │                                                 (`resumed_error`: the same classes, for a key
 │                                                 resumed from an earlier run's snapshot)
 ├── RecoveryError                (+ ValueError)  recovery store missing or inconsistent
@@ -33,10 +34,15 @@ FlowsparkError
 └── ImportStrError               (+ ValueError)  a CLI import string did not resolve
 ```
 
-Runtimes wrap an exception raised inside a step with `step_error`, which picks
-`FlowsparkRuntimeTypeError` for a `TypeError`, so `pytest.raises(TypeError)`
-in a test ported from Bytewax (which raises a bare `TypeError` for a bad key)
-catches flowspark's error too.
+Runtimes wrap an exception raised inside a step with `step_error`. As in
+Bytewax, whose `BytewaxRuntimeError` is not a `TypeError` or `ValueError`, the
+error is a `FlowsparkRuntimeError` whatever the user's exception was (it is the
+`__cause__`), including flowspark's checks of what a user callable returned (a
+predicate that returns a non-`bool`, a key function a non-`str`). The one
+exception is the routing check before a stateful step (a non-`str` key, an item
+that is not a 2-tuple), for which Bytewax raises a bare `TypeError`: there the
+error is a `FlowsparkRuntimeTypeError`, so a ported `pytest.raises(TypeError)`
+catches it.
 """
 
 from __future__ import annotations
@@ -66,6 +72,7 @@ __all__ = [
     "malformed_input_error",
     "malformed_input_text",
     "resumed_error",
+    "routing_error",
     "step_error",
 ]
 
@@ -167,12 +174,22 @@ BytewaxRuntimeError = FlowsparkRuntimeError
 
 
 class FlowsparkRuntimeTypeError(FlowsparkRuntimeError, TypeError):
-    """A step failed with a `TypeError` (a non-`str` key, an item that is not a pair...).
+    """An item before a stateful step is not a `(str key, value)` 2-tuple.
 
-    Bytewax raises a bare `TypeError` when a stateful step receives a non-`str`
-    key or an item that is not a `(key, value)` 2-tuple; this error is both a
-    `FlowsparkRuntimeError` (it names the step and chains the cause) and a
-    `TypeError`.
+    Bytewax raises a bare `TypeError` for this routing check of its stateful
+    steps, and only for it (a `TypeError` raised by user code, or by Bytewax's
+    checks of what a user callable returned, reaches the caller as the cause of a
+    `BytewaxRuntimeError`, which is not a `TypeError`). This error is both a
+    `FlowsparkRuntimeError` (it names the step and chains the `KeyRoutingError`
+    that says what was wrong) and a `TypeError`, so a ported
+    `pytest.raises(TypeError)` catches it. Made by `routing_error`, and by
+    nothing else: an error raised by user code is a plain `FlowsparkRuntimeError`
+    whatever its type (`step_error`).
+
+    The class was public before it had this one use, when every `TypeError` in
+    a step gave it; it is kept (not aliased to `FlowsparkRuntimeError`) because
+    it is what a routing check raises, and `except FlowsparkRuntimeTypeError` in
+    existing code keeps catching exactly that check.
     """
 
 
@@ -284,11 +301,12 @@ def step_error(
     """Wrap an exception raised inside a step into the error every runtime raises.
 
     Every runtime wraps a failure of a step with this one function, so the
-    class and the message are the same everywhere: a `FlowsparkRuntimeTypeError`
-    (also a `TypeError`) when `exc` is a `TypeError`, else a
-    `FlowsparkRuntimeError`; `exc` is chained as `__cause__`. An `exc` that
-    already is a `FlowsparkRuntimeError` (wrapped by an inner step) is returned
-    unchanged.
+    class and the message are the same everywhere: a `FlowsparkRuntimeError`
+    (a `RuntimeError`, never a `TypeError` or `ValueError`, as Bytewax's
+    `BytewaxRuntimeError`) whatever `exc` is, even a `TypeError`; `exc` is
+    chained as `__cause__`. An `exc` that already is a `FlowsparkRuntimeError`
+    (wrapped by an inner step) is returned unchanged. (The routing check before a
+    stateful step uses `routing_error`.)
 
     Args:
         step_id: Fully qualified id of the step that failed.
@@ -305,11 +323,11 @@ def step_error(
         FlowsparkTypeError: `step_id` is not a `str` or `exc` is not an exception.
 
     Example:
-        >>> err = step_error("flow.sum", TypeError("keys must be str; received 1"))
-        >>> isinstance(err, TypeError), isinstance(err, BytewaxRuntimeError)
-        (True, True)
+        >>> err = step_error("flow.add", TypeError("unsupported operand type(s) for +: 'int' and 'str'"))
+        >>> isinstance(err, TypeError), isinstance(err, BytewaxRuntimeError), type(err.__cause__).__name__
+        (False, True, 'TypeError')
         >>> str(err)
-        "error in step 'flow.sum': TypeError: keys must be str; received 1"
+        "error in step 'flow.add': TypeError: unsupported operand type(s) for +: 'int' and 'str'"
         >>> str(step_error("f.count", KeyError("user"), key="ann"))
         "error in step 'f.count' for key 'ann': KeyError: 'user'"
         >>> str(step_error("f.key", KeyError("user"), item={"id": 7}))
@@ -317,6 +335,42 @@ def step_error(
         >>> type(step_error("flow.div", ZeroDivisionError("division by zero"))).__name__
         'FlowsparkRuntimeError'
     """
+    return _wrap(FlowsparkRuntimeError, step_id, exc, message, key, item)
+
+
+def routing_error(step_id: str, exc: FlowsparkTypeError) -> FlowsparkRuntimeError:
+    """The error of a stateful step given an item it cannot route: not a 2-tuple, or a non-`str` key.
+
+    Bytewax raises a bare `TypeError` for this check (and only for it); flowspark
+    raises a `FlowsparkRuntimeTypeError`: a `TypeError` as in Bytewax, and a
+    `FlowsparkRuntimeError` naming the step, worded as `step_error` words any error.
+
+    Args:
+        step_id: Fully qualified id of the stateful step.
+        exc: What was wrong (`flowspark.runtime.driver.bad_item_error`), chained as `__cause__`.
+
+    Returns:
+        The error to raise.
+
+    Example:
+        >>> err = routing_error("f.sum", FlowsparkTypeError("keys must be str; received key 1"))
+        >>> isinstance(err, TypeError), isinstance(err, BytewaxRuntimeError)
+        (True, True)
+        >>> str(err)
+        "error in step 'f.sum': FlowsparkTypeError: keys must be str; received key 1"
+    """
+    return _wrap(FlowsparkRuntimeTypeError, step_id, exc, None, None, _NO_ITEM)
+
+
+def _wrap(
+    cls: type[FlowsparkRuntimeError],
+    step_id: str,
+    exc: BaseException,
+    message: Optional[str],
+    key: Optional[str],
+    item: Any,
+) -> FlowsparkRuntimeError:
+    """`step_error` with the class given."""
     if not isinstance(step_id, str):
         msg = f"step_error: step_id must be a str; received {step_id!r} of type {type(step_id).__name__}"
         raise FlowsparkTypeError(msg)
@@ -325,7 +379,6 @@ def step_error(
         raise FlowsparkTypeError(msg)
     if isinstance(exc, FlowsparkRuntimeError):
         return exc
-    cls = FlowsparkRuntimeTypeError if isinstance(exc, TypeError) else FlowsparkRuntimeError
     shown = None if item is _NO_ITEM else short_repr(item)
     err = cls.describe(step_id, type(exc).__name__, str(exc), key, shown)
     if message is not None:
@@ -397,8 +450,8 @@ def resumed_error(
     code on the resumed state does (`flowspark.runtime.driver.StepDriver`): the message is
     `step_error`'s, then says where the state came from, what it was and how to start over,
     since the likely cause is a state whose shape changed with the code. Same classes as
-    `step_error` (a `TypeError` cause gives a `FlowsparkRuntimeTypeError`); `exc` is the
-    `__cause__`.
+    `step_error` (a `FlowsparkRuntimeError`, not a `TypeError` even for a `TypeError`
+    cause); `exc` is the `__cause__`.
 
     Args:
         step_id: Fully qualified id of the step that failed.
@@ -418,7 +471,7 @@ def resumed_error(
         >>> "written by an earlier run" in text, "(received int 3)" in text, "new recovery directory" in text
         (True, True, True)
         >>> isinstance(err, TypeError), err.__cause__
-        (True, TypeError("'int' object is not iterable"))
+        (False, TypeError("'int' object is not iterable"))
     """
     err = step_error(step_id, exc, key=key)
     if err is exc:  # already wrapped by an inner step

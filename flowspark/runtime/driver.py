@@ -52,7 +52,7 @@ from datetime import datetime
 from operator import itemgetter
 from typing import Any, Callable, Optional
 
-from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, resumed_error, step_error
+from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, resumed_error, routing_error, step_error
 from flowspark.logic import StatefulBatchLogic, wants_notify
 
 __all__ = [
@@ -165,7 +165,10 @@ def eof_tag(level: int, key: str) -> bytes:
 
 
 def bad_item_error(step_id: str, kv: Any) -> FlowsparkTypeError:
-    """The error for an item before a stateful step that is not `(str key, value)`.
+    """What is wrong with an item before a stateful step that is not `(str key, value)`.
+
+    The step raises `flowspark.errors.routing_error` caused by it (a `TypeError`, as
+    in Bytewax); a dead letter keeps it as the item's error.
 
     Args:
         step_id: The stateful step.
@@ -568,7 +571,7 @@ class StepDriver:
         """
         if isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str):
             return
-        raise self.fail(None, bad_item_error(self.step_id, kv))
+        raise routing_error(self.step_id, bad_item_error(self.step_id, kv))
 
     # -- the fixed-time timeline with tags ------------------------------------------
     def drive_state(

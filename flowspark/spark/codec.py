@@ -42,6 +42,7 @@ import marshal
 import pickle
 import re
 import struct
+import sys
 from typing import Any, Optional
 
 import cloudpickle
@@ -54,6 +55,7 @@ __all__ = [
     "SINGLES",
     "EOF_HEADER",
     "HEAD_LEN",
+    "CAUSE_LIMIT",
     "MALFORMED_MARK",
     "apply_pad",
     "decode_task_error",
@@ -309,8 +311,61 @@ MALFORMED_MARK = "FLOWSPARK_MALFORMED"
 _MALFORMED_RE = re.compile(MALFORMED_MARK + r"<<([0-9A-Fa-f]*)\|([0-9A-Fa-f]*)\|([0-9A-Fa-f]*)>>")
 
 
+#: Most bytes of the pickled user exception a task error marker carries (larger: type and message only).
+CAUSE_LIMIT = 64 * 1024
+
+
+def _pickled_cause(cause: Optional[BaseException]) -> Optional[bytes]:
+    """The user's exception pickled for the driver, or `None` when it cannot travel.
+
+    Plain pickle first (a class the worker imports by name is pickled by reference);
+    then cloudpickle, for a class that travelled by value (one defined in the user's
+    script or inside a function, and those of the user's own modules:
+    `flowspark.spark.session.ship_user_modules`), which plain pickle refuses in a worker.
+    cloudpickle gives such a class the id the driver gave it when it pickled the flow, so
+    the driver unpickles the very class the user's `except` names; only the copy of
+    cloudpickle that unpickled the class knows that id, and which one did depends on the
+    path (pyspark's for the functions Spark runs, the `cloudpickle` package for a stage
+    fused into flowspark's Python data source), so that copy goes first (`_cloudpicklers`).
+    Skipped (`None`) when nothing pickles it, the bytes exceed `CAUSE_LIMIT`, or they do not
+    unpickle here (e.g. an `__init__` that `args` cannot call again).
+    """
+    if cause is None:
+        return None
+    for pickler in (pickle, *_cloudpicklers(type(cause))):
+        try:
+            blob = pickler.dumps(cause, protocol=5)
+        except Exception:  # noqa: BLE001,S112
+            continue
+        if len(blob) > CAUSE_LIMIT:
+            return None
+        try:
+            pickle.loads(blob)
+        except Exception:  # noqa: BLE001
+            return None
+        return blob
+    return None
+
+
+def _cloudpicklers(cls: type) -> list[Any]:
+    """The copies of cloudpickle (pyspark's, the package), the one that unpickled `cls` by value first."""
+    from pyspark import cloudpickle as spark_cloudpickle
+
+    # cloudpickle's table of the classes it rebuilt by value, with the ids they came with (private; if a
+    # version lacks it, pyspark's goes first and such a class may come back as an equal copy).
+    def tracks(cp: Any) -> bool:
+        table = getattr(sys.modules.get(cp.__name__ + ".cloudpickle"), "_DYNAMIC_CLASS_TRACKER_BY_CLASS", {})
+        return cls in table
+
+    return sorted([spark_cloudpickle, cloudpickle], key=lambda cp: not tracks(cp))
+
+
 def encode_task_error(fail: FlowsparkRuntimeError) -> str:
     """Encode a step failure into a marker that survives Spark's exception chain.
+
+    The text before the marker is `str(fail)`, the one line the driver's error shows. The
+    marker carries the error's parts and the user's exception pickled (see `CAUSE_LIMIT`),
+    which `decode_task_error` sets as the rebuilt error's `__cause__`.
 
     Args:
         fail: The failure (`flowspark.errors.step_error`), its cause the user's exception.
@@ -318,13 +373,7 @@ def encode_task_error(fail: FlowsparkRuntimeError) -> str:
     Returns:
         A message carrying the marker.
     """
-    cause = fail.__cause__
-    try:
-        blob = pickle.dumps(cause) if cause is not None else None
-        if blob is not None:
-            pickle.loads(blob)
-    except Exception:  # noqa: BLE001
-        blob = None
+    blob = _pickled_cause(fail.__cause__)
     exc_type = fail.exc_type if fail.exc_type is not None else type(fail).__name__
     exc_message = fail.exc_message if fail.exc_message is not None else str(fail)
     payload = pickle.dumps(
@@ -341,7 +390,7 @@ def decode_task_error(text: str) -> Optional[FlowsparkRuntimeError]:
 
     Returns:
         The error `step_error` made in the worker: a `FlowsparkRuntimeError` (a
-        `FlowsparkRuntimeTypeError` when the cause was a `TypeError`) naming the step
+        `FlowsparkRuntimeTypeError` for a `KeyRoutingError`) naming the step
         and key, with the original exception as `__cause__` (when it could be
         unpickled) and attributes `exc_type` and `exc_message` (the same text the
         in-memory executor gives, with what the worker's message adds to it, such as
@@ -362,7 +411,36 @@ def decode_task_error(text: str) -> Optional[FlowsparkRuntimeError]:
         err = cls(step_id, said, key, type_name, message, item)
     if blob is not None:
         try:
-            err.__cause__ = pickle.loads(blob)
+            err.__cause__ = _as_named_class(pickle.loads(blob))
         except Exception:  # noqa: BLE001,S110
             pass
     return err
+
+
+def _as_named_class(exc: BaseException) -> BaseException:
+    """`exc` as an instance of the class its module and name give here, when that is another class.
+
+    A class that travelled by value comes back as that very class when the copy of
+    cloudpickle that unpickled it in the worker also pickled the flow here (`_pickled_cause`).
+    When the flow was pickled once more on the way (a stage fused into flowspark's Python
+    data source: Spark re-pickles its reader in a planning worker), it comes back as an
+    equal copy, which an `except` naming the user's class would miss; a class that has a
+    module-level name (in the user's script, `__main__`, or the user's module) is found by
+    that name and the exception rebuilt as it (same `args` and attributes). A class defined
+    inside a function has no such name and stays the copy.
+    """
+    cls = type(exc)
+    named: Any = sys.modules.get(cls.__module__)
+    for part in cls.__qualname__.split("."):
+        named = getattr(named, part, None)
+    if named is cls or not isinstance(named, type) or not issubclass(named, BaseException):
+        return exc
+    if named.__name__ != cls.__name__:
+        return exc
+    try:
+        again = named.__new__(named)
+        again.__dict__.update(exc.__dict__)
+        again.args = exc.args
+    except Exception:  # noqa: BLE001
+        return exc
+    return again

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from flowspark._checks import all_pairs, check_bool
 from flowspark._time import use_clock
 from flowspark.deadletter import record as dead_record
-from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
+from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, routing_error, step_error
 from flowspark.runtime.driver import NOT_FOUND, bad_item_error, drive_chain, failing_item, idx
 from flowspark.spark.codec import (
     apply_pad,
@@ -242,10 +242,10 @@ def _first_bad_key_item(step_id: str, xs: list[Any]) -> FlowsparkTypeError:
 def _checked_keys(step_id: str, xs: list[Any]) -> list[str]:
     """The keys of items entering stateful step `step_id`, checked column-wise: 2-tuples with a str key."""
     if not all_pairs(xs):
-        raise _fail(step_id, _first_bad_key_item(step_id, xs))
+        raise routing_error(step_id, _first_bad_key_item(step_id, xs))
     ks = list(map(_first, xs))
     if set(map(type, ks)) != {str}:
-        raise _fail(step_id, _first_bad_key_item(step_id, xs))
+        raise routing_error(step_id, _first_bad_key_item(step_id, xs))
     return ks
 
 

@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 import numpy as np
 import pytest
+from error_helpers import Boom, boom_on_2
 
 import flowspark.operators as op
 import flowspark.operators.windowing as win
@@ -601,6 +602,44 @@ def test_a_user_error_in_a_stateful_step_reads_the_same_on_every_runtime(runtime
         "division by zero",
     )
     assert isinstance(err.__cause__, ZeroDivisionError)
+
+
+def test_a_user_error_is_the_cause_of_the_runtime_error(runtime):
+    """The step's own exception is the `__cause__` on every runtime (on Spark: pickled in the worker)."""
+    flow, _ = pipe([1, 2, 3], lambda s: op.map("m", s, boom_on_2))
+    with pytest.raises(FlowsparkRuntimeError) as info:
+        runtime.run(flow)
+    err = info.value
+    assert str(err) == "error in step 't.m.flat_map_batch': Boom: kaboom on 2 (item: 2)"
+    assert not isinstance(err, Boom)
+    assert isinstance(err.__cause__, Boom)
+    assert err.__cause__.args == ("kaboom on 2",)
+
+
+@pytest.mark.notimpl(
+    ["spark-streaming"],
+    raises=AssertionError,
+    reason="a stage fused into the Python data source is pickled again by Spark on the way, so a class "
+    "defined inside a function comes back as an equal copy (a module-level class is found by its name)",
+)
+def test_a_user_error_of_a_class_defined_in_a_function_is_the_cause_as_that_class(runtime):
+    """A class defined in the user's script or a function (pickled by value) comes back as the same class."""
+
+    class LocalBoom(Exception):
+        pass
+
+    def mapper(x):
+        if x == 2:
+            msg = f"kaboom on {x}"
+            raise LocalBoom(msg)
+        return x
+
+    flow, _ = pipe([1, 2, 3], lambda s: op.map("m", s, mapper))
+    with pytest.raises(FlowsparkRuntimeError) as info:
+        runtime.run(flow)
+    assert str(info.value) == "error in step 't.m.flat_map_batch': LocalBoom: kaboom on 2 (item: 2)"
+    assert type(info.value.__cause__) is LocalBoom
+    assert info.value.__cause__.args == ("kaboom on 2",)
 
 
 @pytest.mark.parametrize("bad", [(1, 2), 5, ("a", 1, 2)])

@@ -111,7 +111,7 @@ def sink_down(url: str, d: str) -> dict:
 
 
 def stream_user_error(url: str, d: str) -> dict:
-    """A step failing inside a streaming task arrives as FlowsparkRuntimeError naming it."""
+    """A step failing inside a streaming task arrives as FlowsparkRuntimeError naming it, caused by its error."""
     spark = _session(url)
     root = f"{d}/in"
     write_jsonl(f"{root}/a/0001.jsonl", [{"user": "u1"}, {"n": 1}])
@@ -119,7 +119,7 @@ def stream_user_error(url: str, d: str) -> dict:
     try:
         _run_stream(spark, _count_flow(root, []), d, [])
     except FlowsparkRuntimeError as e:
-        return {"type": type(e).__name__, "step_id": e.step_id, "message": str(e)}
+        return {"type": type(e).__name__, "step_id": e.step_id, "message": str(e), "cause": repr(e.__cause__)}
     return {"type": None}
 
 

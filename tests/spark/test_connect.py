@@ -118,6 +118,7 @@ def test_a_user_error_in_a_stream_names_the_step(server, tmp_path):
     assert res["type"] == "FlowsparkRuntimeError"
     assert res["step_id"] == "connect_count.key.flat_map_batch"
     assert "KeyError: 'user'" in res["message"]
+    assert res["cause"] == "KeyError('user')"  # the worker's exception, through the Connect client
 
 
 def test_a_stream_to_a_spark_sink_through_connect(server, tmp_path):

@@ -47,6 +47,7 @@ from flowspark.errors import (
     MissingPartitionsError,
     NoPartitionsError,
     SingleWorkerError,
+    routing_error,
     step_error,
 )
 
@@ -1084,24 +1085,30 @@ def test_bad_key_before_stateful_step_is_a_type_error(lib: str, case: str) -> No
 # -- step_error -----------------------------------------------------------------------------------
 
 
-def test_step_error_picks_the_type_error_class_for_type_errors() -> None:
-    cause = TypeError("keys must be str")
-    err = step_error("f.sm.stateful_batch", cause)
+def test_step_error_keeps_a_type_error_the_cause_of_a_runtime_error_only() -> None:
+    """As Bytewax's BytewaxRuntimeError: a TypeError in a step is the cause, not the error's class."""
+    cause = TypeError("unsupported operand type(s) for +: 'int' and 'str'")
+    err = step_error("f.add", cause)
+    assert type(err) is FlowsparkRuntimeError
+    assert not isinstance(err, TypeError)
+    assert isinstance(err, RuntimeError)
+    assert isinstance(err, flowspark.errors.FlowsparkError)
+    assert (err.step_id, err.__cause__) == ("f.add", cause)
+    assert str(err) == "error in step 'f.add': TypeError: unsupported operand type(s) for +: 'int' and 'str'"
+    sub = step_error("f.k", FlowsparkTypeError("key must be str"))
+    assert type(sub) is FlowsparkRuntimeError  # flowspark's own check of a return value, as Bytewax's
+    custom = step_error("f.div", ZeroDivisionError("division by zero"), message="custom")
+    assert (type(custom), str(custom)) == (FlowsparkRuntimeError, "custom")
+
+
+def test_routing_error_is_a_type_error_and_a_runtime_error() -> None:
+    cause = FlowsparkTypeError("keys must be str")
+    err = routing_error("f.sm.stateful_batch", cause)
     assert type(err) is FlowsparkRuntimeTypeError
     assert isinstance(err, TypeError)
     assert isinstance(err, RuntimeError)
-    assert isinstance(err, flowspark.errors.FlowsparkError)
     assert (err.step_id, err.__cause__) == ("f.sm.stateful_batch", cause)
-    assert str(err) == "error in step 'f.sm.stateful_batch': TypeError: keys must be str"
-
-
-def test_step_error_keeps_other_errors_runtime_errors_only() -> None:
-    err = step_error("f.div", ZeroDivisionError("division by zero"), message="custom")
-    assert type(err) is FlowsparkRuntimeError
-    assert not isinstance(err, TypeError)
-    assert str(err) == "custom"
-    sub = step_error("f.k", FlowsparkTypeError("key must be str"))
-    assert isinstance(sub, FlowsparkRuntimeTypeError)
+    assert str(err) == "error in step 'f.sm.stateful_batch': FlowsparkTypeError: keys must be str"
 
 
 def test_step_error_returns_an_already_wrapped_error_unchanged() -> None:
@@ -1119,6 +1126,6 @@ def test_step_error_rejects_bad_arguments(args: Any, needle: str) -> None:
 
 
 def test_runtime_errors_pickle_with_their_step_id() -> None:
-    err = step_error("f.sm", TypeError("bad key"))
-    back = pickle.loads(pickle.dumps(err))
-    assert (type(back), back.step_id, str(back)) == (FlowsparkRuntimeTypeError, "f.sm", str(err))
+    for err in (step_error("f.m", TypeError("bad")), routing_error("f.sm", FlowsparkTypeError("bad key"))):
+        back = pickle.loads(pickle.dumps(err))
+        assert (type(back), back.step_id, str(back)) == (type(err), err.step_id, str(err))

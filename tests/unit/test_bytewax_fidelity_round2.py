@@ -70,14 +70,6 @@ def _run(lib: Lib, items: list[Any], build: Callable[[Lib, Any], Any]) -> list[A
     return out
 
 
-def _flowspark_differs(reason: str) -> Any:
-    """Param marks: the flowspark case is a known difference (strict xfail)."""
-    return [
-        pytest.param("bytewax"),
-        pytest.param("flowspark", marks=pytest.mark.xfail(strict=True, reason=reason)),
-    ]
-
-
 # =====================================================================================
 # Point 1: SimplePollingSource[X, S]
 # =====================================================================================
@@ -240,21 +232,33 @@ def test_run_errors_carry_bytewax_wording(lib: Lib, case: str) -> None:
     assert needle in _chain(info.value)
 
 
-@pytest.mark.parametrize(
-    "name",
-    _flowspark_differs(
-        "a step's TypeError is a FlowsparkRuntimeTypeError (RuntimeError and TypeError); Bytewax raises a "
-        "BytewaxRuntimeError that is not a TypeError, so its tests' pytest.raises(TypeError) nested in "
-        "pytest.raises(RuntimeError) catches flowspark's error too early"
-    ),
-)
-def test_a_type_error_in_a_step_is_not_itself_a_type_error(name: str) -> None:
-    if name == "bytewax" and not HAVE_BYTEWAX:
-        pytest.skip("bytewax 0.21.1 is not installed")
-    items, build, _needle = RUN_ERRORS["key_on_not_str"]
+def _causes(err: BaseException) -> list[BaseException]:
+    out = []
+    cur: Any = err.__cause__
+    while cur is not None:
+        out.append(cur)
+        cur = cur.__cause__
+    return out
+
+
+def _add_str(x: Any) -> Any:
+    return x + "a"
+
+
+@pytest.mark.parametrize("case", [*RUN_ERRORS, "user_type_error"])
+def test_a_type_error_in_a_step_is_not_itself_a_type_error(lib: Lib, case: str) -> None:
+    """Bytewax's tests nest pytest.raises(TypeError, match=...) in pytest.raises(RuntimeError).
+
+    Only the outer one may catch: the error is a RuntimeError whose causes hold the TypeError
+    (raised by user code, or by a check of what a user callable returned).
+    """
+    items, build = (
+        ([1], lambda lib, s: lib.op.map("add", s, _add_str)) if case == "user_type_error" else RUN_ERRORS[case][:2]
+    )
     with pytest.raises(RuntimeError) as info:
-        _run(_lib(name), items, build)
+        _run(lib, items, build)
     assert not isinstance(info.value, TypeError)
+    assert any(isinstance(c, TypeError) for c in _causes(info.value)), _chain(info.value)
 
 
 # =====================================================================================

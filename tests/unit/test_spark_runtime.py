@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 import pytest
+from error_helpers import Boom, LockedBoom
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
@@ -19,6 +20,7 @@ from flowspark.operators import StatefulLogic
 from flowspark.runtime.driver import drive_chain, drive_states, idx
 from flowspark.spark import SparkSink, SparkSource, compile_flow, run
 from flowspark.spark.codec import (
+    CAUSE_LIMIT,
     SINGLES,
     apply_pad,
     decode_task_error,
@@ -307,8 +309,7 @@ def test_a_bucket_call_on_an_earlier_runs_state_that_no_longer_fits_says_so(path
         with pytest.raises(RuntimeError) as info:
             call({"b": old, "a": ([([1],)], None)}, [("a", 2), ("b", 4)])
         err = decode_task_error(str(info.value))
-        assert isinstance(err, FlowsparkRuntimeError)
-        assert isinstance(err, TypeError)
+        assert type(err) is FlowsparkRuntimeError  # not a TypeError, as in Bytewax
         assert (err.step_id, err.key) == ("f.seen.stateful_batch", "b")
         assert type(err.__cause__) is TypeError
         texts.append(str(err))
@@ -492,14 +493,46 @@ def test_error_marker_round_trip():
 
 
 def test_unpicklable_exception_still_carries_type_and_message():
-    class Local(Exception):  # a local class cannot be unpickled at the driver
+    fail = step_error("f.s", LockedBoom("boom"))  # holds a lock: neither pickle nor cloudpickle takes it
+    text = encode_task_error(fail)
+    assert text.startswith(str(fail) + " FLOWSPARK_TASK_ERROR<<")
+    err = decode_task_error(text)
+    assert err is not None
+    assert err.__cause__ is None
+    assert (err.exc_type, err.exc_message, str(err)) == ("LockedBoom", "boom", "error in step 'f.s': LockedBoom: boom")
+
+
+def test_the_marker_carries_the_users_exception_as_the_cause():
+    class LocalBoom(Exception):  # plain pickle refuses a local class; cloudpickle carries it
         pass
 
-    err = decode_task_error(encode_task_error(step_error("f.s", Local("boom"))))
-    assert err is not None
-    assert err.exc_type == "Local"
-    assert err.exc_message == "boom"
-    assert "f.s" in str(err)
+    for cause in (Boom("kaboom on 2"), LocalBoom("kaboom on 2")):
+        fail = step_error("f.m", cause, item=2)
+        text = "py4j.protocol.Py4JJavaError: ... " + encode_task_error(fail) + "\n\tat org.apache.spark"
+        err = decode_task_error(text)
+        assert err is not None
+        assert str(err) == f"error in step 'f.m': {type(cause).__name__}: kaboom on 2 (item: 2)"
+        assert type(err.__cause__) is type(cause)
+        assert err.__cause__ is not cause
+        assert err.__cause__.args == ("kaboom on 2",)
+
+
+class _NeedsTwo(Exception):
+    def __init__(self, message, n):
+        super().__init__(message)
+        self.n = n
+
+
+def test_a_cause_too_large_or_that_does_not_unpickle_is_left_out():
+    big = Boom("x" * (CAUSE_LIMIT + 1))
+    small = _NeedsTwo("two args", 2)  # pickles, but unpickling calls _NeedsTwo("two args") and fails
+    for cause in (big, small):
+        err = decode_task_error(encode_task_error(step_error("f.m", cause)))
+        assert err is not None
+        assert err.__cause__ is None
+        assert err.exc_type == type(cause).__name__
+    near = Boom("x" * (CAUSE_LIMIT - 200))
+    assert isinstance(decode_task_error(encode_task_error(step_error("f.m", near))).__cause__, Boom)
 
 
 def test_run_needs_an_aware_start_time():
