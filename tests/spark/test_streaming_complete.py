@@ -15,6 +15,9 @@ from test_quiet_success import JVM_LINE
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 HERE = Path(__file__).resolve().parent
+#: What pyspark's transformWithStateInPandas driver-side worker prints (with `print`, which Spark
+#: copies to the JVM's stderr) when a query with that operator starts; no setting turns it off.
+TWS_WORKER = "Streaming TransformWithStateInPandas Python worker"
 
 
 @contextmanager
@@ -81,6 +84,11 @@ def test_the_command_line_run_processes_every_file_there_at_its_start(tmp_path):
         stage_run(tmp_path / "in", i)
         done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False)
         assert done.returncode == 0, done.stderr[-3000:]
-        noise = [ln for ln in done.stderr.splitlines() if ln.strip() and ln.strip() != JVM_LINE]
-        assert noise == [], "\n".join(noise)[:3000]  # --no-progress: nothing on stderr but the JVM's own line
+        # --no-progress: nothing on stderr but the JVM's own line, and the lines pyspark's own
+        # transformWithStateInPandas driver-side worker prints at each query start (this flow chains
+        # two keyed stages; a known limitation, docs/streaming.md "Errors and Spark's log").
+        noise = [
+            ln for ln in done.stderr.splitlines() if ln.strip() and ln.strip() != JVM_LINE and TWS_WORKER not in ln
+        ]
+        assert noise == [], "\n".join(noise)[:3000]
     assert canon(read_rows(tmp_path / "out")) == expected(pause=False)
