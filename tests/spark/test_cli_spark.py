@@ -180,7 +180,7 @@ def test_plan_spark_streaming_physical_plan(spark, tmp_path, capsys):
     assert ", 4)" in stage1
 
 
-def test_plan_spark_of_a_spark_keyed_stream_reads_and_writes_no_checkpoint(spark, tmp_path, capsys, monkeypatch):
+def test_plan_spark_of_a_spark_keyed_stream_reads_and_writes_no_checkpoint(spark, tmp_path, monkeypatch):
     """The plan records the query's choices in a throwaway checkpoint, never in the temp folder itself."""
     import tempfile
 
