@@ -7,9 +7,22 @@ import re
 from datetime import timedelta
 from typing import Optional
 
-__all__ = ["IMPORT_HELP", "conf_pair", "parse_trigger", "positive_int", "trigger_arg", "ttl_arg", "ttl_seconds"]
+__all__ = [
+    "IMPORT_HELP",
+    "RULES_HELP",
+    "conf_pair",
+    "parse_trigger",
+    "positive_int",
+    "trigger_arg",
+    "ttl_arg",
+    "ttl_seconds",
+]
 
 #: Help text of the IMPORT_STR argument of every command.
+RULES_HELP = (
+    "Spark: the fast paths (rules) that may apply: all (default, or the FLOWSPARK_RULES environment variable), "
+    "none, or -NAME,-NAME to switch some off; `flowspark plan --spark` shows each rule's decision"
+)
 IMPORT_HELP = (
     "dataflow import string: <module>[:<variable or factory call>] or <path/file.py>[:...]; "
     "the attribute defaults to `flow`. Examples: src.dataflow, src.dataflow:flow, "

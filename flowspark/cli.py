@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The parser.
     """
-    from flowspark._args import IMPORT_HELP
+    from flowspark._args import IMPORT_HELP, RULES_HELP
 
     parser = argparse.ArgumentParser(prog=_PROG, description="Build, inspect and run flowspark dataflows.")
     parser.add_argument("--traceback", action="store_true", help="show Python tracebacks instead of one-line errors")
@@ -137,7 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
         "on an old output) instead of refusing to run",
     )
     run.add_argument("--no-progress", action="store_true", help="do not print progress lines on stderr")
-    run.add_argument("--explain", action="store_true", help="print the compiled Spark plan before running")
+    run.add_argument(
+        "--explain", action="store_true", help="print the Spark plan, with every rule's decision, before running"
+    )
+    run.add_argument("--rules", metavar="RULES", help=RULES_HELP)
 
     plan = sub.add_parser("plan", help="print a dataflow's graph or its Spark plan", description="Print a plan.")
     plan.add_argument("import_str", metavar="IMPORT_STR", help=IMPORT_HELP)
@@ -158,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--state-layout", choices=["bucket", "key"], default="bucket", help="streaming flows: state layout"
     )
+    plan.add_argument("--rules", metavar="RULES", help=RULES_HELP)
 
     from flowspark.submit import add_submit_arguments
 
@@ -292,26 +296,34 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     _need_pyspark("plan --spark")
     from flowspark.spark.batch import describe_stage
     from flowspark.spark.compiler import compile_flow
+    from flowspark.spark.optimize import Env, optimize, rules_arg
     from flowspark.spark.streaming import Lowering, compile_streaming, needs_timers
 
     plan = compile_flow(flow.validate())
+    chosen = rules_arg(args.rules, "--rules")
     streaming = None
     if not plan.bounded:
         compile_streaming(plan)  # the checks of the streaming lowering
-        streaming = Lowering(plan, args.buckets, needs_timers(plan), args.state_layout)
-    describe = describe_stage if streaming is None else streaming.stage
     physical: list[tuple[int, str]] = []
     partitions: Optional[int] = None
-    if not args.no_physical:
+    if args.no_physical:
+        from flowspark.spark.streaming.lowering import offline_env
+
+        env = Env("batch", chosen[0], chosen[1], session=False) if plan.bounded else offline_env(plan, chosen)
+        plan = optimize(plan, env)
+    else:
         from flowspark.spark.session import open_session
         from flowspark.spark.tools import physical_plans, streaming_physical_plans
 
         spark = open_session(args.master, {"spark.sql.shuffle.partitions": "2"}, app_name="flowspark plan")
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
-        if streaming:
-            physical = streaming_physical_plans(flow, spark, args.buckets)
+        if plan.bounded:
+            plan, physical = physical_plans(plan, spark, rules=args.rules)
         else:
-            physical = physical_plans(plan, spark)
+            plan, physical = streaming_physical_plans(flow, spark, args.buckets, rules=args.rules)
+    if not plan.bounded:
+        streaming = Lowering(plan, args.buckets, needs_timers(plan), args.state_layout)
+    describe = describe_stage if streaming is None else streaming.stage
     layout = _state_layout(plan, streaming, partitions)
     if args.format == "json":
         doc = {"dataflow": json.loads(to_steps_json(flow, args.recursive)), "spark": _plan_json(plan, describe)}
@@ -375,7 +387,7 @@ def _unbounded_inputs(flow: Any) -> list[str]:
 def _cmd_run(args: argparse.Namespace) -> int:
     spark_only = [
         f"--{name.replace('_', '-')}"
-        for name in ("master", "remote", "checkpoint", "trigger", "timeout", "buckets", "state_layout")
+        for name in ("master", "remote", "checkpoint", "trigger", "timeout", "buckets", "state_layout", "rules")
         if getattr(args, name) is not None
     ] + [flag for flag, on in (("--conf", args.conf), ("--clear-outputs", args.clear_outputs)) if on]
     runtime = args.runtime or ("spark" if spark_only else "local")
@@ -392,6 +404,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         run_main(flow, state_ttl=args.state_ttl, dead_letter=_dead_letter(args))
         return 0
     _need_pyspark("run --runtime spark")
+    from flowspark.spark.optimize import rules_arg
+
+    rules_arg(args.rules, "--rules")  # a bad value before a session starts
     conf = dict(args.conf)
     unbounded = _unbounded_inputs(flow)
     streaming_flags: tuple[Any, ...] = (args.checkpoint, args.trigger, args.timeout, args.buckets, args.state_layout)
@@ -402,15 +417,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from flowspark.spark.session import open_session
     from flowspark.spark.tools import Progress
 
-    plan = compile_flow(flow)  # compile errors before starting a session
-    if args.explain:
-        print(plan)
+    compile_flow(flow)  # compile errors before starting a session
     spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}", remote=args.remote)
+    options = {
+        "state_ttl": args.state_ttl,
+        "dead_letter": _dead_letter(args),
+        "explain": args.explain,
+        "rules": args.rules,
+    }
     if args.no_progress:
-        run(flow, spark=spark, state_ttl=args.state_ttl, dead_letter=_dead_letter(args))
+        run(flow, spark=spark, **options)
     else:
         with Progress(spark):
-            run(flow, spark=spark, state_ttl=args.state_ttl, dead_letter=_dead_letter(args))
+            run(flow, spark=spark, **options)
     return 0
 
 
@@ -483,6 +502,7 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
         state_ttl=args.state_ttl,
         dead_letter=_dead_letter(args),
         clear_outputs=args.clear_outputs,
+        rules=args.rules,
         **({"buckets": args.buckets} if args.buckets is not None else {}),
     )
     return 0

@@ -27,8 +27,9 @@ from flowspark.errors import (
 )
 from flowspark.outputs import part_of
 from flowspark.spark.codec import decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
-from flowspark.spark.columns import ID_COLUMN, column_key_refusal, seq_column
+from flowspark.spark.columns import ID_COLUMN, column_kinds, seq_column
 from flowspark.spark.inputs import load_rows
+from flowspark.spark.optimize import Env, optimize, rules_arg
 from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
 from flowspark.spark.rows import RowSchema, row_schema
@@ -66,16 +67,16 @@ def describe_stage(st: StagePlan) -> str:
         }[st.spec.source]
         return f"{head} -> mapInArrow"
     if st.kind == "keyed":
-        python_key = f"({st.union()}) -> repartition(k) -> sortWithinPartitions(k, seq) -> mapInArrow"
         ck = st.spec.column_key
         if ck is None:
-            return python_key
+            return f"({st.union()}) -> repartition(k) -> sortWithinPartitions(k, seq) -> mapInArrow"
         return (
             f"Spark keys the rows: the SparkSource DataFrame with k = column {ck.column!r} and each row's position "
             f"-> repartition(k) -> sortWithinPartitions(k, position) -> mapInArrow (runs stage {ck.source_stage}'s "
-            f"steps, which then need no pass of their own); when {ck.column!r} is not a string column: "
-            f"{python_key}"
+            "steps, which then need no pass of their own)"
         )
+    if "keyed_by_spark" in st.spec.modes:
+        return "no pass of its own: the keyed stage reading it runs its steps (rule spark_keys)"
     return f"({st.union()}) -> mapInArrow"
 
 
@@ -141,15 +142,34 @@ class _Job:
         self.loaded: dict[int, Any] = {}
         #: Each stage's input DataFrame and whether Spark keyed it (`ColumnKey`).
         self.inputs: dict[int, tuple[Any, bool]] = {}
-        #: How each keyed stage with a `ColumnKey` was lowered (for `explain` and tests).
-        self.lowered: dict[int, str] = {}
         #: With a dead letter: `(seq, v)` DataFrames of the items native sinks refused, and the writer.
         self.misfits: list[Any] = []
         #: With a dead letter: `(seq, v)` DataFrames of the SparkSources' malformed rows (`load_rows`).
         self.malformed: list[Any] = []
         self.dead: Any = None
-        #: The keyed stages Spark keys itself (`column_keys`), each with its source DataFrame.
+        #: The keyed stages Spark keys itself (the rule `spark_keys`), each with its source DataFrame.
         self.keyed_by_spark: dict[int, Any] = {}
+
+    def optimize(self, rules: tuple[frozenset[str], str]) -> Plan:
+        """Decide every rule for this job (`flowspark.spark.optimize`); the job then runs the physical plan.
+
+        Args:
+            rules: The rules switched on and how they were asked for (`rules_arg`).
+
+        Returns:
+            The physical plan.
+        """
+        columns = {
+            st.spec.stage_id: column_kinds(self.source_df(st)) for st in self.plan.stages if st.spec.source == "native"
+        }
+        env = Env("batch", rules=rules[0], rules_text=rules[1], connect=self.connect, columns=columns)
+        self.plan = optimize(self.plan, env)
+        self.keyed_by_spark = {
+            st.spec.stage_id: self.loaded[st.spec.column_key.source_stage]
+            for st in self.plan.stages
+            if st.spec.column_key is not None
+        }
+        return self.plan
 
     # -- building DataFrames ------------------------------------------------
     def uses(self) -> dict[int, int]:
@@ -165,64 +185,24 @@ class _Job:
             n[s] = n.get(s, 0) + 1  # the dead letter's read
         for sk in self.plan.sinks:
             if sk.where != "driver":
-                infer = sk.where == "native" and sk.sink.schema is None and not self.samples_ahead(sk)
+                infer = sk.where == "native" and sk.sink.schema is None and "schema_sampling" not in sk.modes
                 n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if infer else 1)
         return n
-
-    def samples_ahead(self, sk: SinkPlan) -> bool:
-        """Whether a `SparkSink` without a schema gets it from a sampling job, then one fused pass.
-
-        The sampling job runs the stage over its input until the sink's port gave 100
-        items in each partition (the first 100 of them in partition order are the same
-        items the persisted output would give). It is cheap and reads the same input twice
-        when the stage reads a native source or driver-built chunks, or is a keyed stage
-        Spark keys itself (`ColumnKey`: a native read and shuffle). A stage fed by another
-        Python stage would run that stage twice, and a Python source's partitions would be
-        opened twice: those (and a run with a dead letter) persist the stage's output and
-        convert it in a second pass.
-        """
-        if sk.where != "native" or sk.sink.schema is not None or not sk.only_reader:
-            return False
-        if self.plan.dead_letter is not None:
-            return False
-        st = self.plan.stages[sk.port[0]]
-        if st.kind == "source":
-            return st.spec.source in ("native", "chunks")
-        return st.spec.stage_id in self.keyed_by_spark
-
-    def column_keys(self) -> dict[int, Any]:
-        """The keyed stages Spark keys itself (`ColumnKey`), each with its source DataFrame."""
-        keyed: dict[int, Any] = {}
-        for st in self.plan.stages:
-            ck = st.spec.column_key
-            if ck is None:
-                continue
-            df = self.source_df(self.plan.stages[ck.source_stage])
-            why = column_key_refusal(df, ck.column)
-            self.lowered[st.spec.stage_id] = (
-                f"Spark keys on column {ck.column!r}"
-                if why is None
-                else f"Python key pass in stage {ck.source_stage}: {why}"
-            )
-            if why is None:
-                keyed[st.spec.stage_id] = df
-        return keyed
 
     def column_key_input(self, st: StagePlan, df: Any) -> Any:
 
         key = _key_col(st)
         return _positioned(df).repartition(self.partitions, key).sortWithinPartitions(key, ID_COLUMN)
 
-    def build(self) -> None:
+    def build(self, persist: bool = True) -> None:
+        """Build every stage's DataFrame (`persist=False`: build only, run no job, as `flowspark plan` does)."""
         from pyspark import StorageLevel
 
-        column_keys = self.column_keys()
-        self.keyed_by_spark = column_keys
+        column_keys = self.keyed_by_spark
         uses = self.uses()
-        skipped = {self.plan.stages[s].spec.column_key.source_stage for s in column_keys}  # type: ignore[union-attr]
         for st in self.plan.stages:
             sid = st.spec.stage_id
-            if sid in skipped:
+            if "keyed_by_spark" in st.spec.modes:
                 continue
             if sid in column_keys:
                 self.inputs[sid] = (self.column_key_input(st, column_keys[sid]), True)
@@ -230,7 +210,7 @@ class _Job:
                 self.inputs[sid] = (self.stage_input(st), False)
             inp, column_key = self.inputs[sid]
             df = inp.mapInArrow(stage_function(st.spec, self.now, column_key=column_key), _ROW_SCHEMA)
-            if uses.get(st.spec.stage_id, 0) > 1:
+            if persist and uses.get(st.spec.stage_id, 0) > 1:
                 df = df.persist(StorageLevel.MEMORY_AND_DISK)
                 self.persisted.append(df)
                 _action(df.count)
@@ -386,7 +366,7 @@ class _Job:
         df = self.port_df(*sk.port)
         schema = sk.sink.schema
         dead_letter = self.plan.dead_letter is not None
-        fused = sk.only_reader and not dead_letter and (schema is not None or self.samples_ahead(sk))
+        fused = "sink_fusion" in sk.modes
         if schema is None and fused:
             sample = self.sample(sk, 100)
             if not sample:
@@ -418,15 +398,6 @@ class _Job:
             if dead_letter:
                 self.misfits.append(df.mapInArrow(_misfits(sk.step_id, rows_schema), "seq binary, v binary"))
         write_rows(sk.step_id, sk.sink, rows)
-
-    def schema_route(self, sk: SinkPlan) -> str:
-        """How a `SparkSink` without a schema gets one (for `explain` and the log)."""
-        if self.samples_ahead(sk):
-            return "schema inferred from the first 100 items of a sampling job, then one pass writes the rows"
-        return (
-            f"schema inferred from the first 100 items of stage {sk.port[0]}'s persisted output, "
-            "then a second pass converts the rows"
-        )
 
     def sample(self, sk: SinkPlan, n: int) -> list[Any]:
         """The first `n` items of a sink's port, in partition order, from a job that stops early.
@@ -725,6 +696,7 @@ def run_plan(
     state_ttl: Optional[timedelta] = None,
     dead_letter: Any = None,
     progress: Any = True,  # noqa: ARG001
+    rules: Any = None,
 ) -> None:
     """Run a compiled plan on Spark as batch jobs; return when it is done.
 
@@ -742,7 +714,8 @@ def run_plan(
             default the wall-clock time when the job starts.
         partitions: Spark partitions of keyed stages; default `spark.sql.shuffle.partitions`.
         chunk_size: `TestingSource` items per chunk shipped from the driver.
-        explain: Print the compiled plan before running.
+        explain: Print the physical plan before running: each stage, sink and what every
+            rule decided for it (`flowspark.spark.optimize`).
         state_ttl: Checked and accepted as on the other runtimes, but a batch job
             processes every item at one logical time (`start_time`), so no key is ever
             idle and nothing expires (as with `run_main(clock="fixed")`).
@@ -754,6 +727,9 @@ def run_plan(
         progress: Accepted as `run_streaming` takes it, so `flowspark.spark.run` takes the same
             arguments for any flow; progress lines are a stream's output (one per micro-batch):
             a batch job prints none, whatever the value.
+        rules: Which fast paths may apply (`flowspark.spark.optimize.rules_arg`): `"all"`,
+            `"none"` or `"-NAME,-NAME"`; default the environment variable `FLOWSPARK_RULES`,
+            else all. Every rule gives the same output as `"none"`.
 
     Raises:
         FlowsparkRuntimeError: A user callable failed (names the step, carries the
@@ -777,6 +753,7 @@ def run_plan(
     from flowspark.spark.session import ensure_workers, ship_user_modules
 
     ttl_arg("flowspark.spark.run", state_ttl)
+    chosen = rules_arg(rules)
     plan = plan.with_dead_letter(dead_letter_arg("flowspark.spark.run", dead_letter))
     ship_user_modules()
     check_bounded(plan)
@@ -792,22 +769,13 @@ def run_plan(
     ensure_workers(spark)
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
-    if explain:
-        print(plan.render(describe_stage))
     job = _Job(plan, spark, start_time, partitions, chunk_size)
     try:
         with no_gc():  # the driver pickles and unpickles items in bulk too
+            plan = job.optimize(chosen)
+            if explain:
+                print(plan.render(describe_stage))
             job.build()
-            for stage, how in job.lowered.items():
-                _log.info("stage %d: %s", stage, how)
-                if explain:
-                    print(f"stage {stage}: {how}")
-            for sk in plan.sinks:
-                if sk.where == "native" and sk.sink.schema is None:
-                    how = job.schema_route(sk)
-                    _log.info("sink %s: %s", sk.step_id, how)
-                    if explain:
-                        print(f"sink {sk.step_id}: {how}")
             job.run_sinks()
     finally:
         job.close()

@@ -1,47 +1,41 @@
 """Spark column helpers both lowerings use (batch and streaming import them from here, not from each other).
 
-`ID_COLUMN` numbers a Spark-keyed source's rows; `column_key_refusal` says whether Spark can
-key a DataFrame's rows on a column as `row[column]` would; `seq_column` is a port's `seq`
-with a merge's pad applied.
+`ID_COLUMN` numbers a Spark-keyed source's rows; `column_kinds` gives a DataFrame's columns as
+the optimizer reads them (the rule `spark_keys` decides whether Spark can key the rows on a
+column as `row[column]` would); `seq_column` is a port's `seq` with a merge's pad applied.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from flowspark.runtime.driver import HEAD_LEN
 
-__all__ = ["ID_COLUMN", "column_key_refusal", "seq_column"]
+__all__ = ["ID_COLUMN", "column_kinds", "seq_column"]
 
 #: The row number of a source Spark keys itself (what `monotonically_increasing_id()` gives).
 ID_COLUMN = "__flowspark_id"
 
 
-def column_key_refusal(df: Any, column: str) -> Optional[str]:
-    """Why Spark cannot key `df`'s rows on `column` as `row[column]` would, or `None` when it can.
+def column_kinds(df: Any) -> tuple[tuple[str, str], ...]:
+    """A DataFrame's columns as `(name, kind)`: kind `string` for a plain string column, else Spark's type.
 
-    Only a plain string column qualifies (what `key_on` accepts in Python, compared
-    and sorted as Python does); a missing, duplicated, non-string or collated column
-    keeps the Python pass, which then fails or succeeds exactly as it always did.
+    Only a plain string column can be a key Spark computes (what `key_on` accepts in Python,
+    compared and sorted as Python does); a collated string column is not one.
 
     Args:
-        df: The source DataFrame.
-        column: The key column.
+        df: A DataFrame.
 
     Returns:
-        The reason, or `None`.
+        The columns, in order (duplicated names included).
     """
     from pyspark.sql.types import StringType
 
-    names = df.columns
-    if names.count(column) != 1:
-        return f"the DataFrame has {names.count(column)} columns named {column!r}"
-    if ID_COLUMN in names:
-        return f"the DataFrame has a column named {ID_COLUMN!r}"
-    dtype = df.schema[column].dataType
-    if type(dtype) is not StringType or dtype != StringType():
-        return f"column {column!r} is {dtype.simpleString()}, not string"
-    return None
+    out = []
+    for f in df.schema.fields:
+        t = f.dataType
+        out.append((f.name, "string" if type(t) is StringType and t == StringType() else t.simpleString()))
+    return tuple(out)
 
 
 def seq_column(pad: bytes) -> Any:

@@ -29,7 +29,7 @@ from flowspark.outputs import DriverSink, DynamicSink, FixedPartitionedSink
 from flowspark.runtime.driver import SOURCE_LEN, idx
 from flowspark.spark.inputs import SparkSource
 from flowspark.spark.outputs import ForeachBatchSink, SparkSink
-from flowspark.spark.plan import ColumnKey, InspectPlan, KeyedStep, Op, Plan, Port, SinkPlan, StagePlan, StageSpec
+from flowspark.spark.plan import InspectPlan, KeyedStep, Op, Plan, Port, SinkPlan, StagePlan, StageSpec
 
 __all__ = ["as_graph", "compile_flow"]
 
@@ -148,16 +148,13 @@ def compile_flow(graph: Any) -> Plan:
     level: dict[str, int] = {}  # stateful steps on the longest path from a source
     sinks: list[tuple[str, Any, str, str]] = []
     inspects: list[tuple[str, Any, str]] = []
-    plain: set[str] = set()  # ports read by something other than a keyed stage
     n_inputs = 0
 
     def port(stream: str, key_for: Optional[str] = None) -> None:
         b = loc[stream]
         if stream not in b.ports:
             b.ports.append(stream)
-        if key_for is None:
-            plain.add(stream)
-        elif stream not in b.key_for:
+        if key_for is not None and stream not in b.key_for:
             b.key_for[stream] = key_for
 
     def new_stage(kind: str, source: str, entry: str) -> _Builder:
@@ -291,47 +288,24 @@ def compile_flow(graph: Any) -> Plan:
         b = loc[stream]
         return (b.stage_id, b.ports.index(stream))
 
-    def value_only(stream: str) -> bool:
-        return stream in loc[stream].key_for and stream not in plain
-
-    readers: dict[str, int] = {}
-    for b in stages:
-        for u, _pad in b.inputs:
-            readers[u] = readers.get(u, 0) + 1
-
-    def sink_only_reader(stream: str) -> bool:
-        n_sinks = sum(1 for _sid, _sink, _where, up in sinks if up == stream)
-        return len(loc[stream].ports) == 1 and n_sinks == 1 and stream not in readers
-
-    seen_at_driver = {side for _sid, _fn, side in inspects}
-    seen_at_driver.update(up for _sid, _sink, where, up in sinks if where == "driver")
-
     def chain_of(b: _Builder) -> tuple[KeyedStep, ...]:
-        # The order across keys of a chain's emits matters only where a driver-side sink
-        # or inspect, or another stage (a step keyed otherwise), sees them; inside the
-        # chain the next step has the same key.
-        seen = any(s in readers or s in seen_at_driver for s in b.ports)
+        # Inside a chain the next step has the same key, so only the last step's emits may need
+        # the key in their sequences (see `KeyedStep.regroup`; the rule `unordered_emits`).
         last = len(b.chain) - 1
-        return tuple(replace(ks, regroup=i == last and seen) for i, ks in enumerate(b.chain))
+        return tuple(replace(ks, regroup=i == last) for i, ks in enumerate(b.chain))
 
     plans: list[StagePlan] = []
     for b in stages:
-        column_key = None
-        if b.kind == "keyed" and len(b.inputs) == 1:
-            u = b.inputs[0][0]
-            column_key = _column_key(loc[u], u, readers.get(u, 0) == 1 and u not in plain)
         spec = StageSpec(
             stage_id=b.stage_id,
             source=b.source,
             entry=b.entry,
             chain=chain_of(b),
             ops=tuple(b.ops),
-            ports=tuple(Port(s, b.key_for.get(s), value_only(s)) for s in b.ports),
+            ports=tuple(Port(s, b.key_for.get(s)) for s in b.ports),
             source_step=b.source_step,
             source_index=b.source_index,
-            input_value_only=b.kind == "keyed" and value_only(b.inputs[0][0]),
             depth_in=b.depth_in,
-            column_key=column_key,
             per_batch=b.source_obj.driver_batch_size() if b.source == "chunks" else 1,
         )
         inputs = tuple((*ref(u), pad) for u, pad in b.inputs)
@@ -339,30 +313,9 @@ def compile_flow(graph: Any) -> Plan:
     return Plan(
         flow_id=graph.flow_id,
         stages=tuple(plans),
-        sinks=tuple(SinkPlan(sid, sink, where, ref(up), sink_only_reader(up)) for sid, sink, where, up in sinks),
+        sinks=tuple(SinkPlan(sid, sink, where, ref(up)) for sid, sink, where, up in sinks),
         inspects=tuple(InspectPlan(sid, fn, ref(side), i) for i, (sid, fn, side) in enumerate(inspects)),
     )
-
-
-def _column_key(src: _Builder, port: str, only_reader: bool) -> Optional[ColumnKey]:
-    """Whether Spark can key the rows of stage `src` for the keyed stage reading `port` (see `ColumnKey`)."""
-    if not only_reader or src.kind != "source" or src.source != "native" or src.ports != [port]:
-        return None
-    stream = src.entry
-    column = None
-    for o in src.ops:
-        if o.ups != (stream,) or len(o.downs) != 1:
-            return None
-        if o.kind == "map" and column is None and o.key_column is not None:
-            column = o.key_column
-        elif not (
-            o.kind == "pass" or (o.kind == "map" and o.keeps in (("items",) if column is None else ("items", "key")))
-        ):
-            return None
-        stream = o.downs[0]
-    if column is None or stream != port:
-        return None
-    return ColumnKey(column, src.stage_id, src.source_step, src.source_index, src.entry, tuple(src.ops), port)
 
 
 def as_graph(flow: Any) -> ir.Graph:

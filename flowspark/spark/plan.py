@@ -22,8 +22,6 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from flowspark.runtime.driver import StepDriver
-
 #: The port of every stage's dead-letter rows (`flowspark.deadletter`): `v` holds a pickled
 #: record, `seq` the dead item's sequence. Stages have far fewer ports (and routes keep
 #: `ROUTE` = 1024 ports per stage).
@@ -77,7 +75,9 @@ class KeyedStep:
     this step (itself included); it orders end-of-key emits after their inputs.
     `notifies`: the IR's `StatefulBatch.notifies` (whether a logic can ask for a
     notification). `regroup`: whether its emits' sequences carry the key (see
-    `StepDriver`). `eof_only`, `batch_fn`: the IR's `StatefulBatch.eof_only`, `.batch_fn`.
+    `StepDriver`; the last step of a chain does, unless the rule `unordered_emits` applied).
+    `eof_only`, `batch_fn`: the IR's `StatefulBatch.eof_only`, `.batch_fn`; in a physical plan
+    (`flowspark.spark.optimize`) they are kept only where the rules `eof_only` and `bare_state` applied.
     """
 
     step_id: str
@@ -87,14 +87,6 @@ class KeyedStep:
     regroup: bool = True
     eof_only: bool = False
     batch_fn: Optional[Callable[[Any, list[Any]], tuple[Any, list[Any]]]] = None
-
-    def driver(self) -> StepDriver:
-        """The per-key driver of this step.
-
-        Returns:
-            A `StepDriver`.
-        """
-        return StepDriver(self.step_id, self.builder, self.level, self.regroup, self.eof_only, self.batch_fn)
 
 
 @dataclass(frozen=True)
@@ -118,10 +110,12 @@ class ColumnKey:
     entry: str
     ops: tuple[Op, ...]
     port: str
+    #: The column the stage reads its values from (set by the rule `value_column`), or `None`.
+    value_from: Optional[str] = None
 
     @property
-    def value_column(self) -> Optional[str]:
-        """The column a Spark-keyed stage reads its values from, or `None`.
+    def value_candidate(self) -> Optional[str]:
+        """The column a Spark-keyed stage could read its values from, or `None`.
 
         That is when the `key_on` comes first and the next step (past redistributes) is a
         `map_value` proven to return `row[column]`.
@@ -162,7 +156,9 @@ class StageSpec:
     `input_value_only`: for a keyed stage, whether its input rows carry only the value in
     `v` (see `Port.value_only`).
     `depth_in`: for a keyed stage, the sequence length of its input stream.
-    `column_key`: for a keyed stage, set when Spark can key its input (`ColumnKey`).
+    `column_key`: for a keyed stage, set when Spark keys its input (`ColumnKey`, the rule `spark_keys`).
+    `modes`: the names of the rules that applied to the stage (`flowspark.spark.optimize`); empty
+    in the plain plan `compile_flow` builds.
     `dead_letter`: the run has a dead letter: items a stateless step, a key check or a
     `SparkSink`'s schema refuses leave the stage on `DEAD_PORT` instead of failing it.
     `per_batch`: for a `chunks` source, its items per source batch (activation; see
@@ -183,6 +179,7 @@ class StageSpec:
     column_key: Optional[ColumnKey] = None
     dead_letter: bool = False
     per_batch: int = 1
+    modes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -224,16 +221,15 @@ class SinkPlan:
     `TestingSink`, `StdOutSink`), `dynamic` (one sink partition per Spark
     partition), `fixed` (items routed by `part_fn` to the sink's partitions) or
     `native` (dict items become rows of a Spark DataFrame handed to a Spark writer or
-    to the user's function: `flowspark.spark.outputs`). `only_reader`: the sink's
-    port is the only port of its stage and nothing else reads it (a lowering may
-    then have the stage emit the sink's rows itself when the sink's schema is known).
+    to the user's function: `flowspark.spark.outputs`). `modes`: the rules that applied
+    to the sink (`sink_fusion`, `schema_sampling`: `flowspark.spark.optimize`).
     """
 
     step_id: str
     sink: Any
     where: str
     port: tuple[int, int]
-    only_reader: bool = False
+    modes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -255,6 +251,51 @@ class Plan:
     sinks: tuple[SinkPlan, ...]
     inspects: tuple[InspectPlan, ...]
     dead_letter: Any = None
+    #: In a physical plan (`flowspark.spark.optimize.optimize`): every rule's decision, and the target.
+    decisions: tuple[Any, ...] = ()
+    target: str = ""
+
+    def readers(self, port: tuple[int, int]) -> list[Any]:
+        """Who reads a port: the ids of the stages reading it, then the step ids of its sinks and inspects.
+
+        Args:
+            port: `(stage id, port)`.
+
+        Returns:
+            The readers (an `int` for a stage, a `str` step id for an output or inspect).
+        """
+        out: list[Any] = [st.spec.stage_id for st in self.stages if any((s, p) == port for s, p, _ in st.inputs)]
+        out.extend(sk.step_id for sk in self.sinks if sk.port == port)
+        out.extend(ins.step_id for ins in self.inspects if ins.port == port)
+        return out
+
+    def driver_readers(self) -> set[str]:
+        """The step ids of the outputs and inspects that get their items at the driver, in sequence order.
+
+        Returns:
+            The step ids.
+        """
+        out = {sk.step_id for sk in self.sinks if sk.where == "driver"}
+        out.update(ins.step_id for ins in self.inspects)
+        return out
+
+    def decision(self, rule: str, where: str) -> Any:
+        """The decision of `rule` for `where` (`stage N`, `sink STEP_ID`, `query`) in a physical plan.
+
+        Args:
+            rule: The rule's name.
+            where: Where it was decided.
+
+        Returns:
+            The `flowspark.spark.optimize.Decision`.
+
+        Raises:
+            KeyError: No such decision (a plain plan has none).
+        """
+        for d in self.decisions:
+            if d.rule == rule and d.where == where:
+                return d
+        raise KeyError((rule, where))
 
     def with_dead_letter(self, sink: Any) -> Plan:
         """This plan with a dead letter (`flowspark.deadletter`): every stage sends refused items to `DEAD_PORT`.
@@ -320,11 +361,20 @@ class Plan:
             for p, port in enumerate(spec.ports):
                 extra = f" (keyed for {port.key_for})" if port.key_for else ""
                 lines.append(f"    port{p} <- {port.stream}{extra}")
+            lines.extend(self._decision_lines(f"stage {spec.stage_id}"))
         for sk in self.sinks:
             src = f"stage{sk.port[0]}.port{sk.port[1]}"
             lines.append(f"sink {sk.step_id}: {type(sk.sink).__name__} ({sk.where}) <- {src}")
+            lines.extend(self._decision_lines(f"sink {sk.step_id}"))
         for ins in self.inspects:
             lines.append(f"inspect {ins.step_id}: shown at the driver <- stage{ins.port[0]}.port{ins.port[1]}")
         if self.dead_letter is not None:
             lines.append(f"dead letter: {self.dead_letter!r} <- port{DEAD_PORT} of every stage (items a step refused)")
+        query = self._decision_lines("query")
+        if query:
+            lines.append(f"query ({self.target}):")
+            lines.extend(query)
         return "\n".join(lines)
+
+    def _decision_lines(self, where: str) -> list[str]:
+        return [f"    {d}" for d in self.decisions if d.where == where]

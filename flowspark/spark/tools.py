@@ -39,31 +39,32 @@ __all__ = [
 _ROW_SCHEMA = "p int, k string, seq binary, v binary"
 
 
-def physical_plans(plan: Any, spark: Any, mode: str = "formatted") -> list[tuple[int, str]]:
-    """Spark's physical plan of each stage's DataFrame, as `flowspark.spark.run` builds them.
+def physical_plans(
+    plan: Any, spark: Any, mode: str = "formatted", rules: Any = None
+) -> tuple[Any, list[tuple[int, str]]]:
+    """Spark's physical plan of each stage's DataFrame, built by the batch job's own builder.
 
     No job runs to build them, except what a `SparkSource` needs to infer its schema.
 
     Args:
-        plan: A `flowspark.spark.Plan`.
+        plan: A `flowspark.spark.Plan` (the plain plan: `compile_flow`).
         spark: The SparkSession.
         mode: Spark's explain mode (`simple`, `extended`, `formatted`, `cost`, `codegen`).
+        rules: The rules switched on (`flowspark.spark.optimize.rules_arg`).
 
     Returns:
-        `(stage id, plan text)` for every stage.
+        `(physical plan, [(stage id, plan text)])`; a stage whose steps run in the keyed stage
+        reading it (the rule `spark_keys`) has no DataFrame of its own and no entry.
     """
     from flowspark.spark.batch import _Job
-    from flowspark.spark.worker import stage_function
+    from flowspark.spark.optimize import rules_arg
 
     now = datetime.now(timezone.utc)
     partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
     job = _Job(plan, spark, now, partitions, 20_000)
-    out = []
-    for st in plan.stages:
-        df = job.stage_input(st).mapInArrow(stage_function(st.spec, now), _ROW_SCHEMA)
-        job.dfs[st.spec.stage_id] = df
-        out.append((st.spec.stage_id, explain_string(spark, df, mode)))
-    return out
+    physical = job.optimize(rules_arg(rules, "flowspark plan"))
+    job.build(persist=False)
+    return physical, [(sid, explain_string(spark, df, mode)) for sid, df in sorted(job.dfs.items())]
 
 
 def explain_string(spark: Any, df: Any, mode: str) -> str:
@@ -424,8 +425,10 @@ def _first_binary(value: Any) -> Optional[bytes]:
     return None
 
 
-def streaming_physical_plans(flow: Any, spark: Any, buckets: int, mode: str = "formatted") -> list[tuple[int, str]]:
-    """Spark's plan of each stage of a streaming flow, as `flowspark.spark.streaming` builds them.
+def streaming_physical_plans(
+    flow: Any, spark: Any, buckets: int, mode: str = "formatted", rules: Any = None
+) -> tuple[Any, list[tuple[int, str]]]:
+    """Spark's plan of each stage of a streaming flow, built by the streaming run's own builder.
 
     Nothing starts: the streaming DataFrames are built and explained only.
 
@@ -434,10 +437,12 @@ def streaming_physical_plans(flow: Any, spark: Any, buckets: int, mode: str = "f
         spark: The SparkSession.
         buckets: State buckets of the keyed stage.
         mode: Spark's explain mode.
+        rules: The rules switched on (`flowspark.spark.optimize.rules_arg`).
 
     Returns:
-        `(stage id, plan text)` for every stage.
+        `(physical plan, [(stage id, plan text)])` (a new query's choices).
     """
+    from flowspark.spark.optimize import rules_arg
     from flowspark.spark.streaming import StreamingRun, compile_streaming, needs_timers
     from flowspark.spark.streaming.checkpoint import check_meta
 
@@ -453,7 +458,8 @@ def streaming_physical_plans(flow: Any, spark: Any, buckets: int, mode: str = "f
             "clock": None,
             "max_items": 100_000,
             "timers": needs_timers(plan),
+            "rules": rules_arg(rules, "flowspark plan"),
         }
         sr = StreamingRun(plan, spark, options)
         sr.build()
-        return [(sid, explain_string(spark, df, mode)) for sid, df in sorted(sr.dfs.items())]
+        return sr.plan, [(sid, explain_string(spark, df, mode)) for sid, df in sorted(sr.dfs.items())]

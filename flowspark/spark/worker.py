@@ -23,7 +23,7 @@ from flowspark._checks import all_pairs, check_bool
 from flowspark._time import use_clock
 from flowspark.deadletter import record as dead_record
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, routing_error, step_error
-from flowspark.runtime.driver import NOT_FOUND, bad_item_error, drive_chain, failing_item, idx
+from flowspark.runtime.driver import NOT_FOUND, StepDriver, bad_item_error, drive_chain, failing_item, idx
 from flowspark.spark.codec import (
     apply_pad,
     dumps,
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 Dead = Optional[list[tuple[bytes, Any]]]
 
 __all__ = [
+    "stage_drivers",
     "column_key_runs",
     "dead_rows",
     "dict_rows",
@@ -56,6 +57,22 @@ __all__ = [
     "stage_streams",
     "through",
 ]
+
+
+def stage_drivers(spec: StageSpec) -> tuple[StepDriver, ...]:
+    """The per-key driver of each stateful step of a keyed stage, as the physical plan says.
+
+    Args:
+        spec: A keyed stage of a physical plan (`flowspark.spark.optimize`: `regroup`,
+            `eof_only` and `batch_fn` are what the rules chose).
+
+    Returns:
+        The drivers, in chain order.
+    """
+    return tuple(
+        StepDriver(ks.step_id, ks.builder, ks.level, ks.regroup, ks.eof_only, ks.batch_fn) for ks in spec.chain
+    )
+
 
 _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
@@ -272,11 +289,12 @@ def column_key_runs(
     key_for = spec.chain[0].step_id
     # The `key_on` first (no filter before it): its keys are the column itself.
     key_first = ck.ops[0].key_column == ck.column and ck.ops[0].kind == "map"
-    # Every step after it maps values alone (`map_value`): the items are `(row[column],
-    # mapped row)`, computed as columns (keys as Arrow gives them, values mapped in one list);
-    # when the first of them is proven to be `row[value_column]`, no row dict is built at all.
-    value_fns = _value_fns(ck.ops[1:]) if key_first and dead is None else None
-    value_column = ck.value_column if value_fns is not None else None
+    # The rule `value_mappers`: every step after it maps values alone (`map_value`): the items
+    # are `(row[column], mapped row)`, computed as columns (keys as Arrow gives them, values
+    # mapped in one list); the rule `value_column`: the first of them is `row[ck.value_from]`,
+    # and no row dict is built at all.
+    value_fns = _value_fns(ck.ops[1:]) if "value_mappers" in spec.modes else None
+    value_column = ck.value_from if value_fns is not None else None
 
     def rows_of(b: Any) -> list[Any]:
         try:
@@ -292,7 +310,7 @@ def column_key_runs(
             keys = _key_column(b, ck.column) if key_first else None
             rows: Optional[list[Any]] = None
             if keys is not None and value_fns is not None:
-                if value_column is not None and b.schema.names.count(value_column) == 1:
+                if value_column is not None:
                     vs = _mapped_values(value_fns[1:], b.column(value_column).to_pylist())
                 else:
                     rows = rows_of(b)
@@ -325,15 +343,9 @@ def column_key_runs(
     return _runs(columns())
 
 
-def _value_fns(ops: tuple[Op, ...]) -> Optional[tuple[Callable[[Any], Any], ...]]:
-    """The per-value mappers of `ops` when each is a `map_value` (or a `redistribute`), else `None`."""
-    fns = []
-    for o in ops:
-        if o.kind == "map" and o.value_fn is not None:
-            fns.append(o.value_fn)
-        elif o.kind != "pass":
-            return None
-    return tuple(fns)
+def _value_fns(ops: tuple[Op, ...]) -> tuple[Callable[[Any], Any], ...]:
+    """The per-value mappers of `ops`, each a `map_value` or a `redistribute` (the rule `value_mappers`)."""
+    return tuple(o.value_fn for o in ops if o.kind == "map" and o.value_fn is not None)
 
 
 def _mapped_values(fns: tuple[Callable[[Any], Any], ...], values: list[Any]) -> Optional[list[Any]]:
@@ -806,7 +818,7 @@ def _stage_items(
     src = spec.source
     if spec.chain:
         # Keyed stage: rows arrive sorted by (k, seq).
-        drivers = tuple(ks.driver() for ks in spec.chain)
+        drivers = stage_drivers(spec)
         pending: list[tuple[bytes, Any]] = []
         runs = (
             column_key_runs(spec, batches, dead, sequences=ordered or dead is not None)

@@ -12,6 +12,7 @@ from flowspark import ir
 from flowspark._keyfn import column_of
 from flowspark.dataflow import Dataflow
 from flowspark.spark import SparkSource, compile_flow
+from flowspark.spark.optimize import Env, optimize
 from flowspark.testing import TestingSink, TestingSource
 
 
@@ -104,12 +105,21 @@ def test_operators_record_key_column_and_what_steps_keep():
     assert n["f.fmv.flat_map.flat_map_batch"].value_mapper is None  # many values per value: not a value mapper
 
 
+#: The columns of the SparkSource in these tests, as a lowering reads them from its DataFrame.
+COLUMNS = {0: (("user", "string"), ("x", "bigint"), ("a", "string"))}
+
+
+def _physical(flow):
+    """The physical plan of a batch job whose SparkSource has `COLUMNS`."""
+    return optimize(compile_flow(flow), Env("batch", columns=COLUMNS))
+
+
 def _keyed_plan(build_steps):
     flow = Dataflow("f")
     rows = op.input("inp", flow, SparkSource("parquet", "/nowhere"))
     k = build_steps(rows)
     op.output("o", op.stateful_map("count", k, lambda s, v: ((s or 0) + 1, v)), TestingSink([]))
-    return compile_flow(flow)
+    return _physical(flow)
 
 
 @pytest.mark.parametrize(
@@ -126,6 +136,8 @@ def _keyed_plan(build_steps):
 )
 def test_spark_keys_these_stages(steps):
     plan = _keyed_plan(steps)
+    assert str(plan.decision("spark_keys", "stage 1")) == "rule spark_keys: applied"
+    assert "keyed_by_spark" in plan.stages[0].spec.modes
     ck = plan.stages[1].spec.column_key
     assert ck is not None
     assert ck.column == "user"
@@ -147,6 +159,7 @@ def test_spark_keys_these_stages(steps):
 def test_spark_does_not_key_these_stages(steps):
     plan = _keyed_plan(steps)
     assert plan.stages[1].spec.column_key is None
+    assert not plan.decision("spark_keys", "stage 1").applied
 
 
 def test_a_source_read_twice_is_not_keyed_by_spark():
@@ -155,11 +168,15 @@ def test_a_source_read_twice_is_not_keyed_by_spark():
     k = op.key_on("k", rows, lambda r: r["user"])
     op.output("o", op.stateful_map("count", k, lambda s, v: (s, v)), TestingSink([]))
     op.output("raw", rows, TestingSink([]))
-    assert compile_flow(flow).stages[1].spec.column_key is None
+    plan = _physical(flow)
+    assert plan.stages[1].spec.column_key is None
+    assert not plan.decision("spark_keys", "stage 1").applied
 
 
 def test_a_testing_source_is_not_keyed_by_spark():
     flow = Dataflow("f")
     k = op.key_on("k", op.input("inp", flow, TestingSource([{"user": "a"}])), lambda r: r["user"])
     op.output("o", op.stateful_map("count", k, lambda s, v: (s, v)), TestingSink([]))
-    assert compile_flow(flow).stages[1].spec.column_key is None
+    plan = _physical(flow)
+    assert plan.stages[1].spec.column_key is None
+    assert not plan.decision("spark_keys", "stage 1").applied

@@ -12,6 +12,7 @@ from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
 from flowspark.inputs import SimplePollingSource
 from flowspark.spark import SparkSink, SparkSource, compile_flow
 from flowspark.spark.batch import check_bounded, describe_stage
+from flowspark.spark.optimize import Env, optimize, rules_arg
 from flowspark.testing import TestingSink, TestingSource
 
 
@@ -135,17 +136,35 @@ def test_compiler_module_needs_no_session():
     assert SparkSession.getActiveSession() is before
 
 
+def batch_plan(flow, rules="all"):
+    """The physical plan a batch job runs (no SparkSource columns: none is needed here)."""
+    return optimize(compile_flow(flow), Env("batch", *rules_arg(rules)))
+
+
 def test_keyed_ports_carry_only_the_value_unless_something_else_reads_them():
-    plan = compile_flow(keyed_flow())
+    plain = compile_flow(keyed_flow())
+    assert not plain.stages[0].spec.ports[0].value_only  # the plain plan: no rule decided
+    plan = batch_plan(keyed_flow())
+    assert plan.decision("value_only_ports", "stage 0").applied
     src, keyed = plan.stages
     assert src.spec.ports[0].value_only
     assert keyed.spec.input_value_only
+    off = batch_plan(keyed_flow(), "-value_only_ports")
+    assert str(off.decision("value_only_ports", "stage 0")) == (
+        "rule value_only_ports: not applied (switched off: rules='-value_only_ports')"
+    )
+    assert not off.stages[0].spec.ports[0].value_only
+    assert not off.stages[1].spec.input_value_only
 
     flow = Dataflow("g")
     k = op.key_on("k", op.input("inp", flow, TestingSource(["a"])), lambda x: x)
     op.output("raw", k, TestingSink([]))  # the sink reads the keyed stream too
     op.output("out", op.stateful_map("run", k, lambda st, v: (st, v)), TestingSink([]))
-    src, keyed = compile_flow(flow).stages
+    plan = batch_plan(flow)
+    src, keyed = plan.stages
+    assert str(plan.decision("value_only_ports", "stage 0")) == (
+        "rule value_only_ports: not applied (no port of the stage is read by keyed stages only)"
+    )
     assert src.spec.ports[0].key_for == "g.run.stateful_batch"
     assert not src.spec.ports[0].value_only
     assert not keyed.spec.input_value_only
@@ -153,18 +172,23 @@ def test_keyed_ports_carry_only_the_value_unless_something_else_reads_them():
 
 def test_only_emits_whose_order_across_keys_is_seen_carry_the_key():
     # Inside a fused chain the next step has the same key: no key in the sequence.
-    chain = compile_flow(keyed_flow()).stages[1].spec.chain
+    plan = batch_plan(keyed_flow())
+    chain = plan.stages[1].spec.chain
     assert [ks.regroup for ks in chain] == [False, True]  # the last one reaches a TestingSink
+    assert str(plan.decision("unordered_emits", "stage 1")) == (
+        "rule unordered_emits: not applied (f.out sees port0 at the driver in order)"
+    )
 
     def flow_to(sink_for):
         flow = Dataflow("g")
         k = op.key_on("k", op.input("inp", flow, TestingSource(["a1"])), lambda x: x[0])
         counts = op.stateful_map("run", k, lambda st, v: (st, v))
         sink_for(flow, counts)
-        return compile_flow(flow)
+        return batch_plan(flow)
 
     parquet = flow_to(lambda f, s: op.output("out", s, SparkSink("parquet", "/tmp/never-written")))
     assert [ks.regroup for ks in parquet.stages[1].spec.chain] == [False]
+    assert parquet.decision("unordered_emits", "stage 1").applied
     inspected = flow_to(lambda f, s: op.output("out", op.inspect("i", s), SparkSink("parquet", "/tmp/x")))
     assert [ks.regroup for ks in inspected.stages[1].spec.chain] == [True]
     rekeyed = flow_to(

@@ -32,19 +32,31 @@ from flowspark.spark.codec import (
     source_items,
     source_seq,
 )
+from flowspark.spark.optimize import Env, optimize
 from flowspark.spark.plan import KeyedStep, Port, StageSpec
 from flowspark.spark.rows import RowSchema
 from flowspark.spark.streaming.state import BucketDriver
-from flowspark.spark.worker import run_stage_rows
+from flowspark.spark.worker import run_stage_rows, stage_drivers
 from flowspark.testing import TestingSink, TestingSource
 
 StepFailure = FlowsparkRuntimeError  # what a worker raises for a failed step
 RUN = b"this run"  # a BucketDriver's run token, fixed to compare state entries
+BARE = frozenset({"bare_state"})  # the mode of a stage the rule `bare_state` applied to
+
+
+def drivers_of(steps):
+    """The per-key drivers of a chain of plan steps, as a keyed stage's workers build them."""
+    return stage_drivers(StageSpec(1, "rows", "s", chain=tuple(steps)))
+
+
+def physical(plan, **env):
+    """The plan as the streaming lowering runs it, for `env` (`flowspark.spark.optimize.Env`'s fields)."""
+    return optimize(plan, Env("streaming", **env))
 
 
 def drive_key(key, items, steps, logics=None, *, now, eof=True):
     """The per-key driver over a chain of plan steps."""
-    return drive_chain(tuple(s.driver() for s in steps), key, items, logics, now=now, eof=eof)
+    return drive_chain(drivers_of(steps), key, items, logics, now=now, eof=eof)
 
 
 def drive_sorted_rows(rows, steps, *, now):
@@ -191,7 +203,7 @@ def test_untagged_drive_gives_the_same_emits_in_the_same_order(cls):
     steps = steps[:1] if cls is Timer else steps
     items = list(zip(seqs(len(values)), values, strict=True))
     for eof in (True, False):
-        drivers = tuple(s.driver() for s in steps)
+        drivers = drivers_of(steps)
         tagged, logics = drive_chain(drivers, "k", items, now=T0, eof=eof)
         untagged, logics2 = drive_chain(drivers, "k", items, now=T0, eof=eof, tags=False)
         assert [v for _, v in untagged] == [v for _, v in tagged]
@@ -213,7 +225,7 @@ def test_a_step_before_an_eof_only_step_skips_its_tags_and_the_output_is_the_sam
     got = {}
     for promise in (True, False):
         steps = (KeyedStep(a.step_id, a.builder), KeyedStep(b.step_id, b.builder, level=2, eof_only=promise))
-        got[promise] = drive_chain(tuple(st.driver() for st in steps), "k", items, now=T0)[0]
+        got[promise] = drive_chain(drivers_of(steps), "k", items, now=T0)[0]
     assert got[True] == got[False]
     assert [v for _, v in got[True]] == [[1, 3, 6, 10]]
 
@@ -248,7 +260,7 @@ def test_bare_states_give_the_logics_emits_tags_and_snapshots(n):
     items = list(zip(seqs(n), values, strict=True))
     for regroup, tags, start in itertools.product((True, False), (True, False), (None, [7, [1, 2]])):
         steps = tuple(dataclasses.replace(st, regroup=regroup) for st in _map_steps())
-        drivers = tuple(st.driver() for st in steps)
+        drivers = drivers_of(steps)
         states = [None, None] if start is None else start
         logics = [None if s is None else d.build("k", copy.deepcopy(s)) for d, s in zip(drivers, states, strict=True)]
         want, live = drive_chain(drivers, "k", items, logics, now=T0, eof=False, tags=tags)
@@ -262,7 +274,7 @@ def test_bare_states_give_the_logics_emits_tags_and_snapshots(n):
 
 
 def test_the_bucket_call_on_bare_states_keeps_the_same_state_entries_and_emits():
-    spec = StageSpec(1, "rows", "s", chain=_map_steps(), depth_in=len(source_seq(0, 0, 0)))
+    spec = StageSpec(1, "rows", "s", chain=_map_steps(), depth_in=len(source_seq(0, 0, 0)), modes=BARE)
     runs = [("a", list(zip(seqs(4), [1, 2, 0, 5], strict=True))), ("b", list(zip(seqs(2), [3, 3], strict=True)))]
     out = {}
     for bare in (True, False):
@@ -359,7 +371,7 @@ def test_dump_state_pickles_importable_classes_by_reference_and_loads_what_older
     ):
         table = _load(old)
         assert len(table["b"]) == 2
-        spec = StageSpec(1, "rows", "s", chain=_map_steps(), depth_in=len(source_seq(0, 0, 0)))
+        spec = StageSpec(1, "rows", "s", chain=_map_steps(), depth_in=len(source_seq(0, 0, 0)), modes=BARE)
         driver = BucketDriver(spec, timers=False)
         assert driver.earlier(table["b"])
         assert not driver.earlier(([(1,)], None, driver.run))
@@ -390,6 +402,10 @@ def test_a_flat_bucket_call_gives_the_same_state_entries_and_sink_rows(column_ke
     plan = _seen_flow(
         SparkSource("parquet", "/x", schema="user STRING, v LONG", streaming=True) if column_key else TestingSource([])
     )
+    columns = {0: (("user", "string"), ("v", "bigint"))}
+    plan = physical(plan, columns=columns, writer_sink="f.out", atomic_sinks=frozenset({"f.out"}))
+    assert plan.decision("flat_driver", "stage 1").applied
+    assert plan.decision("spark_keys", "stage 1").applied is column_key
     spec = next(st.spec for st in plan.stages if st.spec.chain)
     # A StructType, not DDL: parsing DDL needs a session, and this test needs none.
     struct = StructType([StructField("user", StringType()), StructField("last", ArrayType(LongType()))])

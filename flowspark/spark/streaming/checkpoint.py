@@ -165,6 +165,23 @@ def check_recorded(
         _check_recorded_layout(checkpoint, recorded, layout)
 
 
+def recorded_flag(checkpoint: str, name: str) -> Optional[bool]:
+    """The lowering choice `name` a checkpoint's query ran with, or `None` for a checkpoint whose query never ran.
+
+    A checkpoint whose query ran before the choice was recorded ran without it (`False`).
+
+    Args:
+        checkpoint: The checkpoint directory (`check_meta` ran).
+        name: The choice's name in `flowspark.json` (a shape rule of `flowspark.spark.optimize`).
+
+    Returns:
+        The choice, or `None`.
+    """
+    if not files(checkpoint).exists(join(checkpoint, "query")):
+        return None
+    return bool(_read(join(checkpoint, META_FILE)).get(name, False))
+
+
 def check_flag(checkpoint: str, name: str, wanted: bool) -> bool:
     """Record a lowering choice of a new checkpoint, or return the one recorded.
 

@@ -194,11 +194,12 @@ class JavaListener:
         implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]  # noqa: RUF012
 
 
-def make_listener(spark: Any, lst: Listener, name: str) -> Any:
+def make_listener(spark: Any, lst: Listener, name: str, lean: bool = True) -> Any:
     """A Spark listener handing the progress of the queries named `name` and every termination to `lst`.
 
     Through Spark Connect the client delivers events as JSON to the Python methods; on a classic
-    session pyspark asks the listener for its Java side (`_jlistener`), which is `JavaListener`.
+    session pyspark asks the listener for its Java side (`_jlistener`), which with `lean` (the
+    rule `lean_listener`) is `JavaListener`, else pyspark's own bridge.
     """
     from pyspark.sql.streaming import StreamingQueryListener
 
@@ -217,6 +218,7 @@ def make_listener(spark: Any, lst: Listener, name: str) -> Any:
         def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
             lst.terminated(str(event.runId))
 
+    class Lean(L):
         @property
         def _jlistener(self) -> Any:
             jl = self.__dict__.get("_lean")
@@ -225,7 +227,7 @@ def make_listener(spark: Any, lst: Listener, name: str) -> Any:
                 jl = self.__dict__["_lean"] = jvm.PythonStreamingQueryListenerWrapper(java)
             return jl
 
-    ours = L()
+    ours = Lean() if lean else L()
     spark.streams.addListener(ours)
     return ours
 

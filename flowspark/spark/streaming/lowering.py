@@ -7,15 +7,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
+from flowspark.deadletter import DeadLetterDir
 from flowspark.errors import (
     FlowsparkCompileError,
 )
 from flowspark.inputs import DynamicSource
 from flowspark.spark.compiler import as_graph, compile_flow
 from flowspark.spark.inputs import SparkSource
-from flowspark.spark.plan import Plan, StagePlan
+from flowspark.spark.optimize import Env
+from flowspark.spark.outputs import SparkSink
+from flowspark.spark.plan import Plan, SinkPlan, StagePlan
 from flowspark.spark.streaming.routing import (
     needs_routing,
 )
@@ -23,7 +26,15 @@ from flowspark.spark.streaming.state import (
     HOT_PER_BUCKET,
 )
 
-__all__ = ["DEFAULT_BUCKETS", "Lowering", "compile_streaming", "needs_timers"]
+__all__ = [
+    "DEFAULT_BUCKETS",
+    "Lowering",
+    "compile_streaming",
+    "lone_native_sink",
+    "needs_timers",
+    "offline_env",
+    "spark_writer_sink",
+]
 
 DEFAULT_BUCKETS = 64
 
@@ -63,6 +74,66 @@ def needs_timers(plan: Plan) -> bool:
         True when the query needs timeouts.
     """
     return any(ks.notifies for ks in plan.keyed_steps())
+
+
+def lone_native_sink(plan: Plan, connect: bool) -> Optional[SinkPlan]:
+    """The query's only output when it is a Spark-native sink (and nothing is inspected, no dead letter).
+
+    Args:
+        plan: The plan (with its dead letter).
+        connect: The session is a Spark Connect session.
+
+    Returns:
+        The sink, or `None`.
+    """
+    sinks = plan.sinks
+    if plan.dead_letter is not None and not isinstance(plan.dead_letter, DeadLetterDir):
+        return None  # the dead letter is an output too: every output goes through foreachBatch
+    if connect and spark_writer_sink(plan, False) is None:
+        return None  # its `foreachBatch` would run on the server: the sink gets its rows here (outbox)
+    if len(sinks) == 1 and sinks[0].where == "native" and not plan.inspects:
+        return sinks[0]
+    return None
+
+
+def spark_writer_sink(plan: Plan, connect: bool) -> Optional[SinkPlan]:
+    """The lone native sink when Spark's own streaming writer takes its rows: a `SparkSink` with a schema.
+
+    Spark's file sink (and `toTable`) needs the rows' schema when the query starts.
+
+    Args:
+        plan: The plan (with its dead letter).
+        connect: The session is a Spark Connect session.
+
+    Returns:
+        The sink, or `None`.
+    """
+    lone = lone_native_sink(plan, connect)
+    if lone is not None and isinstance(lone.sink, SparkSink) and lone.sink.schema is not None:
+        return lone
+    return None
+
+
+def offline_env(plan: Plan, rules: tuple[frozenset[str], str]) -> Env:
+    """What the optimizer knows of a streaming query without a session (`flowspark plan --no-physical`).
+
+    Args:
+        plan: The plan.
+        rules: The rules switched on (`rules_arg`).
+
+    Returns:
+        The environment: no source's columns, no sink's columns.
+    """
+    writer = spark_writer_sink(plan, False)
+    return Env(
+        "streaming",
+        rules=rules[0],
+        rules_text=rules[1],
+        session=False,
+        timers=needs_timers(plan),
+        routed=needs_routing(plan),
+        writer_sink=None if writer is None else writer.step_id,
+    )
 
 
 @dataclass(frozen=True)
@@ -128,6 +199,8 @@ class Lowering:
         Returns:
             A one-line description.
         """
+        if "keyed_by_spark" in st.spec.modes:
+            return "no DataFrame of its own: the keyed stage reading it runs its steps (rule spark_keys)"
         if st.kind == "source":
             if isinstance(st.source, SparkSource):
                 head = "spark.readStream of the SparkSource -> mapInArrow"
@@ -147,14 +220,14 @@ class Lowering:
         if st.kind == "keyed":
             ck = st.spec.column_key
             if ck is not None:
-                col = ck.column
+                numbered = (
+                    "numbered by the file and row index Spark reads"
+                    if "file_order" in st.spec.modes
+                    else f"numbered by an Arrow pass{tick}"
+                )
                 return (
-                    f"(stage{ck.source_stage}'s rows, numbered by an Arrow pass{tick}, or for a parquet file "
-                    "stream into a sink written by one stateful_map, by the file and row index Spark reads) "
-                    f"-> groupBy(pmod(hash({col}), "
-                    f"{self.buckets})).{self.keyed_op()}, running stage {ck.source_stage}'s steps on row dicts; "
-                    f"when {col!r} is not a plain string column (or the checkpoint started otherwise): "
-                    f"({st.union()}{tick}) -> groupBy(pmod(hash(k), {self.buckets}))"
+                    f"(stage{ck.source_stage}'s rows, {numbered}) -> groupBy(pmod(hash({ck.column}), "
+                    f"{self.buckets})).{self.keyed_op()}, running stage {ck.source_stage}'s steps on row dicts"
                 )
             return f"({st.union()}{tick}) -> groupBy(pmod(hash(k), {self.buckets})).{self.keyed_op()}"
         return f"({st.union()}) -> mapInArrow"

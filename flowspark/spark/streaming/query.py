@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import json
 import os
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Callable, Optional
 
@@ -23,8 +22,9 @@ from flowspark.errors import (
 )
 from flowspark.outputs import route_to_parts
 from flowspark.spark.codec import decode_task_error, loads
-from flowspark.spark.columns import ID_COLUMN, column_key_refusal, seq_column
+from flowspark.spark.columns import ID_COLUMN, column_kinds, seq_column
 from flowspark.spark.inputs import SparkSource, load_rows
+from flowspark.spark.optimize import Env, optimize, shape_choices
 from flowspark.spark.outputs import SparkSink, infer_schema, write_rows
 from flowspark.spark.plan import DEAD_PORT, Plan, SinkPlan, StagePlan, StageSpec
 from flowspark.spark.rows import RowSchema, row_schema
@@ -35,6 +35,7 @@ from flowspark.spark.streaming.checkpoint import (
     load_counts,
     pin_schema,
     pinned_schemas,
+    recorded_flag,
     save_counts,
 )
 from flowspark.spark.streaming.ckfs import is_local
@@ -48,7 +49,7 @@ from flowspark.spark.streaming.deadletter import (
     write_task_rows,
 )
 from flowspark.spark.streaming.frames import atomic_fields, file_rows, number_rows, per_call_stage, sink_rows
-from flowspark.spark.streaming.lowering import Lowering
+from flowspark.spark.streaming.lowering import Lowering, lone_native_sink, spark_writer_sink
 from flowspark.spark.streaming.outbox import Outbox
 from flowspark.spark.streaming.routing import (
     ROUTE,
@@ -103,7 +104,10 @@ class StreamingRun:
         self._sink_fused_stage: Optional[int] = None
         self._schemas: dict[str, Any] = {}  # StructTypes of native sinks given no schema (pinned)
         self._counts: Any = None  # accumulator of the state counts (state.LatestCounts)
-        self.lowered: dict[int, str] = {}  # keyed stage -> how its input is keyed (see spark_keyed)
+        #: The rules switched on and how they were asked for (`flowspark.spark.optimize.rules_arg`).
+        self.rules: tuple[frozenset[str], str] = options["rules"]
+        #: The SparkSource stages' streaming DataFrames, read once (`source_df`).
+        self._sources: dict[int, Any] = {}
         #: With a dead letter: its writer, and the rows written per micro-batch id (progress line).
         self.dead: Any = None
         self.dead_counts: dict[int, int] = {}
@@ -134,13 +138,17 @@ class StreamingRun:
         spec = st.spec
         src = st.source
         if isinstance(src, SparkSource):
+            if spec.stage_id in self._sources:
+                return self._sources[spec.stage_id]
             try:
                 keep = self._keep_malformed(spec.stage_id)
-                return load_rows(src, self.spark, spec.source_step, keep is not None, keep)[0]
+                df = load_rows(src, self.spark, spec.source_step, keep is not None, keep)[0]
             except FlowsparkError:
                 raise
             except Exception as e:
                 raise FlowsparkRuntimeError(spec.source_step, f"step {spec.source_step!r}: {e}") from e
+            self._sources[spec.stage_id] = df
+            return df
         from flowspark.spark import pysource
 
         pysource.register(self.spark, self.carry)
@@ -188,16 +196,9 @@ class StreamingRun:
             column_key,
         )
 
-    def _keyed(
-        self,
-        df: Any,
-        spec: StageSpec,
-        route: Optional[Route] = None,
-        column_key: bool = False,
-        driver: Optional[BucketDriver] = None,
-    ) -> Any:
+    def _keyed(self, df: Any, spec: StageSpec, route: Optional[Route] = None, column_key: bool = False) -> Any:
         """Lower a keyed stage over `df` (with a `bucket` column) to the stateful operator."""
-        driver = driver or self._driver(spec, route, column_key)
+        driver = self._driver(spec, route, column_key)
         out_schema = ROW_SCHEMA if driver.sink_rows is None else self._sink_struct
         if self.layout == "key":
             # Always processing time: Spark's TTL of the per-key rows (state_ttl) needs it, and
@@ -283,6 +284,7 @@ class StreamingRun:
         from pyspark.sql import functions as F  # noqa: N812
 
         assert self.routes is not None
+        self.optimize()
         self._use_rocksdb()
         chain: Any = None
         for st in self.plan.stages:
@@ -317,68 +319,62 @@ class StreamingRun:
                 chain = split_dead(chain, self.dead_dir, f"s{spec.stage_id}")
         return chain
 
-    def spark_keyed(self) -> dict[int, Any]:
-        """The keyed stages whose source rows Spark keys itself (`ColumnKey`), each with its source DataFrame.
+    def optimize(self) -> Plan:
+        """Decide every rule for this query (`flowspark.spark.optimize`); the run then follows the physical plan.
 
-        As in the batch runtime (`flowspark.spark.batch`): the source stage's Python pass is
-        skipped, Spark hashes the key column into buckets, and the keyed stage runs the
-        source's steps on row dicts. Not in the routed lowering, and a checkpoint keeps the
-        choice it started with (`spark_keys` in `flowspark.json`).
+        A shape rule (`spark_keys`) keeps what the checkpoint started with: a new checkpoint
+        records this run's choice, and a later run may not switch it off.
+
+        Returns:
+            The physical plan.
+
+        Raises:
+            RecoveryError: A shape rule the checkpoint was started with is switched off.
         """
-        if self.routes is not None:
-            return {}
-        keyed: dict[int, Any] = {}
-        for st in self.plan.stages:
-            ck = st.spec.column_key
-            if ck is None:
-                continue
-            src = self.plan.stages[ck.source_stage]
-            df = self.source_df(src)
-            why = column_key_refusal(df, ck.column)
-            self.lowered[st.spec.stage_id] = (
-                f"Spark keys on column {ck.column!r}" if why is None else f"Python key pass: {why}"
-            )
-            if why is None:
-                keyed[st.spec.stage_id] = df
-        if keyed and not check_flag(self.checkpoint, "spark_keys", True):
-            for sid in keyed:
-                self.lowered[sid] = "Python key pass: the checkpoint was started with it"
-            return {}
-        return keyed
+        from flowspark.errors import RecoveryError
+        from flowspark.spark.optimize import RULES
 
-    def _ordered_sources(self, spark_keyed: dict[int, Any]) -> dict[int, BucketDriver]:
-        """The Python source stages read in order, each with the driver of the stage reading it.
-
-        A keyed stage that needs only its items' order, not their sequences (`BucketDriver.flat`),
-        reading the only port of a Python source stage whose steps are all one-to-one `map`s
-        (each item keeps its sequence) and which nothing else reads: the source's read numbers
-        the items of a micro-batch in sequence order (a `long` where the sequence is 20 bytes).
-        """
-        readers: dict[tuple[int, int], list[int]] = {}
-        for st in self.plan.stages:
-            for s, p, _pad in st.inputs:
-                readers.setdefault((s, p), []).append(st.spec.stage_id)
-        for sk in self.plan.sinks:
-            readers.setdefault(sk.port, []).append(-1)
-        out: dict[int, BucketDriver] = {}
-        for st in self.plan.stages:
-            spec = st.spec
-            if st.kind != "keyed" or spec.stage_id in spark_keyed or len(st.inputs) != 1 or st.inputs[0][2]:
-                continue
-            src = self.plan.stages[st.inputs[0][0]]
-            if (
-                src.kind != "source"
-                or isinstance(src.source, SparkSource)
-                or len(src.spec.ports) != 1
-                or readers.get((src.spec.stage_id, 0)) != [spec.stage_id]
-                or not all(o.kind == "map" and o.one_to_one for o in src.spec.ops)
-            ):
-                continue
-            driver = self._driver(spec)
-            if driver.flat:
-                out[src.spec.stage_id] = driver
-                self.lowered[spec.stage_id] = "its source numbers each micro-batch's items in order"
-        return out
+        if self.plan.decisions:
+            return self.plan
+        natives = [st for st in self.plan.stages if isinstance(st.source, SparkSource)]
+        dfs = {st.spec.stage_id: self.source_df(st) for st in natives}
+        writer = self._spark_writer_sink()
+        atomic: frozenset[str] = frozenset()
+        if writer is not None and atomic_fields(row_schema(self.spark, writer.step_id, writer.sink.schema).struct):
+            atomic = frozenset({writer.step_id})
+        recorded = {}
+        for rule in RULES:
+            if rule.shape:
+                flag = recorded_flag(self.checkpoint, rule.name)
+                if flag is None:
+                    continue
+                if flag and rule.name not in self.rules[0]:
+                    msg = (
+                        f"checkpoint {self.checkpoint!r} was started with the rule {rule.name!r}, which changes the "
+                        f"query's shape, and rules={self.rules[1]!r} switches it off; switch it on, or use a new "
+                        "checkpoint to run without it"
+                    )
+                    raise RecoveryError(msg)
+                recorded[rule.name] = flag
+        env = Env(
+            "streaming",
+            rules=self.rules[0],
+            rules_text=self.rules[1],
+            connect=self.connect,
+            columns={sid: column_kinds(df) for sid, df in dfs.items()},
+            file_streams=frozenset(st.spec.stage_id for st in natives if file_rows(dfs[st.spec.stage_id], st.source)),
+            timers=self.timers,
+            routed=self.routes is not None,
+            ttl=self.state_ttl is not None,
+            writer_sink=None if writer is None else writer.step_id,
+            atomic_sinks=atomic,
+            recorded=recorded,
+        )
+        self.plan = optimize(self.plan, env)
+        for name, applied in shape_choices(self.plan).items():
+            check_flag(self.checkpoint, name, applied)
+        self.lowering = Lowering(self.plan, self.buckets, self.timers, self.layout)
+        return self.plan
 
     def _column_key_input(self, spec: StageSpec, df: Any, file_order: bool = False) -> Any:
         """The source's rows numbered (`ID_COLUMN`) and bucketed on the key column, plus ticks with timers.
@@ -411,28 +407,21 @@ class StreamingRun:
         return df
 
     def build(self) -> Any:
-        """Build every stage's streaming DataFrame; return the last one."""
+        """Build every stage's streaming DataFrame, as the physical plan says; return the last one."""
         from pyspark.sql import functions as F  # noqa: N812
 
+        self.optimize()
         self._use_rocksdb()
-        spark_keyed = self.spark_keyed()
-        skipped = {self.plan.stages[s].spec.column_key.source_stage for s in spark_keyed}  # type: ignore[union-attr]
-        ordered = self._ordered_sources(spark_keyed)
         for st in self.plan.stages:
             spec = st.spec
-            if st.kind == "source" and spec.stage_id in skipped:
-                continue  # its rows go straight to the keyed stage
-            if spec.stage_id in spark_keyed:
-                src = spark_keyed[spec.stage_id]
-                driver = self._driver(spec, column_key=True)
-                source = self.plan.stages[spec.column_key.source_stage].source  # type: ignore[union-attr]
-                driver.file_order = driver.flat and file_rows(src, source)
-                if driver.file_order:
-                    self.lowered[spec.stage_id] += "; each key's rows ordered by their file and row index"
-                df = self._column_key_input(spec, src, driver.file_order)
-                df = self._keyed(df, spec, column_key=True, driver=driver)
+            if "keyed_by_spark" in spec.modes:
+                continue  # its rows go straight to the keyed stage (the rule spark_keys)
+            if spec.column_key is not None:
+                src = self.source_df(self.plan.stages[spec.column_key.source_stage])
+                df = self._column_key_input(spec, src, "file_order" in spec.modes)
+                df = self._keyed(df, spec, column_key=True)
             elif st.kind == "source":
-                df = self._source_rows(st, spec.stage_id in ordered)
+                df = self._source_rows(st, "ordered_source" in spec.modes)
             else:
                 ins = [self.port_df(s, p, pad) for s, p, pad in st.inputs]
                 df = ins[0]
@@ -442,7 +431,7 @@ class StreamingRun:
                     if self.timers:
                         df = df.union(self._ticks(["k", "seq", "v"]))
                     df = df.withColumn("bucket", F.pmod(F.hash("k"), F.lit(self.buckets)))
-                    df = self._keyed(df, spec, driver=ordered.get(st.inputs[0][0]))
+                    df = self._keyed(df, spec)
                 else:
                     df = df.mapInArrow(per_call_stage(spec, self.clock), ROW_SCHEMA)
             if self.dead_dir is not None and not (st.kind == "keyed" and self._sink_fused_stage == spec.stage_id):
@@ -451,47 +440,23 @@ class StreamingRun:
         return df
 
     def _fused_sink(self, spec: StageSpec) -> Optional[tuple[str, RowSchema]]:
-        """`(step id, RowSchema)` when this keyed stage can write the lone file sink's rows itself.
-
-        That is when the stage's only port is the port of the query's lone `SparkSink`,
-        which has a schema of atomic columns (pandas carries them unchanged).
-        """
+        """`(step id, RowSchema)` when this keyed stage writes the lone file sink's rows itself (`sink_fusion`)."""
         lone = self._spark_writer_sink()
-        if lone is None or lone.port != (spec.stage_id, 0) or len(spec.ports) != 1 or spec.dead_letter:
+        if lone is None or lone.port != (spec.stage_id, 0) or "sink_fusion" not in lone.modes:
             return None
         rows = row_schema(self.spark, lone.step_id, lone.sink.schema)
-        if not atomic_fields(rows.struct):
-            return None
         self._sink_struct = rows.struct
         self._sink_fused_stage = spec.stage_id
         return lone.step_id, rows
 
     # -- sinks ------------------------------------------------------------------
     def _lone_native_sink(self) -> Optional[SinkPlan]:
-        """The query's only output when it is a Spark-native sink (and nothing is inspected, no dead letter)."""
-        sinks = self.plan.sinks
-        if self.plan.dead_letter is not None and self.dead_dir is None:
-            return None  # the dead letter is an output too: every output goes through foreachBatch
-        if self.connect and not self._spark_writes(sinks):
-            return None  # its `foreachBatch` would run on the server: the sink gets its rows here (outbox)
-        if len(sinks) == 1 and sinks[0].where == "native" and not self.plan.inspects:
-            return sinks[0]
-        return None
-
-    @staticmethod
-    def _spark_writes(sinks: Sequence[SinkPlan]) -> bool:
-        """Whether the only output is a `SparkSink` with a schema (Spark's own streaming writer takes it)."""
-        return len(sinks) == 1 and isinstance(sinks[0].sink, SparkSink) and sinks[0].sink.schema is not None
+        """The query's only output when it is a Spark-native sink (`lowering.lone_native_sink`)."""
+        return lone_native_sink(self.plan, self.connect)
 
     def _spark_writer_sink(self) -> Optional[SinkPlan]:
-        """The lone native sink when Spark's own streaming writer takes its rows: a `SparkSink` with a schema.
-
-        Spark's file sink (and `toTable`) needs the rows' schema when the query starts.
-        """
-        lone = self._lone_native_sink()
-        if lone is not None and isinstance(lone.sink, SparkSink) and lone.sink.schema is not None:
-            return lone
-        return None
+        """The lone native sink when Spark's own streaming writer takes its rows (`lowering.spark_writer_sink`)."""
+        return spark_writer_sink(self.plan, self.connect)
 
     def _port_rows(self, last: Any, port: tuple[int, int]) -> Any:
         """The `(k, seq, v)` rows of one port, from the routed chain or the port's stage."""

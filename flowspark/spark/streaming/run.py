@@ -10,6 +10,7 @@ from flowspark.deadletter import DeadLetterDir, dead_letter_arg
 from flowspark.errors import (
     FlowsparkTypeError,
 )
+from flowspark.spark.optimize import rules_arg
 from flowspark.spark.session import quiet_query_context
 from flowspark.spark.streaming.checkpoint import (
     check_layout,
@@ -17,7 +18,7 @@ from flowspark.spark.streaming.checkpoint import (
 )
 from flowspark.spark.streaming.ckfs import check_reachable, is_local
 from flowspark.spark.streaming.listen import Listener, make_listener, remove_listeners, wait_for_run
-from flowspark.spark.streaming.lowering import DEFAULT_BUCKETS, Lowering, compile_streaming, needs_timers
+from flowspark.spark.streaming.lowering import DEFAULT_BUCKETS, compile_streaming, needs_timers
 from flowspark.spark.streaming.query import StreamingRun
 from flowspark.spark.streaming.state import (
     LAYOUTS,
@@ -44,6 +45,7 @@ def run_streaming(
     explain: bool = False,
     dead_letter: Any = None,
     clear_outputs: bool = False,
+    rules: Any = None,
 ) -> StreamingRun:
     """Run a dataflow with unbounded sources as a Structured Streaming query.
 
@@ -73,7 +75,8 @@ def run_streaming(
         listener: A `pyspark.sql.streaming.StreamingQueryListener` to attach too.
         timeout: Stop after this many seconds (between micro-batches); default never
             (or, with `"available_now"`, when everything is processed).
-        explain: Print the compiled plan first.
+        explain: Print the physical plan first: each stage, sink and what every rule
+            decided for it (`flowspark.spark.optimize`).
         dead_letter: Where items a step cannot take go instead of stopping the query
             (`flowspark.deadletter`), each row with its micro-batch id. A `DeadLetterDir(path)`
             or a directory path (parquet) is written by the micro-batch's tasks, each file
@@ -88,6 +91,10 @@ def run_streaming(
             a new checkpoint on an old output) is refused before any micro-batch runs, since
             Spark's file sink would skip those micro-batch ids and write nothing; `True`
             deletes that directory instead, and the query writes it anew.
+        rules: Which fast paths may apply (`flowspark.spark.optimize.rules_arg`): `"all"`,
+            `"none"` or `"-NAME,-NAME"`; default the environment variable `FLOWSPARK_RULES`,
+            else all. A rule that changes the query's shape (`spark_keys`) stays what the
+            checkpoint started with.
 
     A flow with several keyed stages, or the key layout, runs on transformWithStateInPandas,
     which needs RocksDB: the run then sets `spark.sql.streaming.stateStore.providerClass`
@@ -117,6 +124,7 @@ def run_streaming(
         msg = f"flowspark.spark.run: buckets must be a positive int; received {buckets!r}"
         raise FlowsparkTypeError(msg)
     state_ttl = ttl_arg("flowspark.spark.run", state_ttl)
+    chosen = rules_arg(rules)
     if state_layout is not None and state_layout not in LAYOUTS:
         allowed = " or ".join(map(repr, LAYOUTS))
         msg = f"flowspark.spark.run: state_layout must be {allowed}; received {state_layout!r}"
@@ -142,8 +150,6 @@ def run_streaming(
         check_reachable(spark, checkpoint)
     timers = check_meta(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan))
     layout = check_layout(checkpoint, state_layout, LAYOUTS)
-    if explain:
-        print(plan.render(Lowering(plan, buckets, timers, layout).stage))
     if spark is None:
         spark = get_session()
     ensure_workers(spark)
@@ -168,10 +174,15 @@ def run_streaming(
             "state_ttl": state_ttl,
             "carry": carry,
             "clear_outputs": clear_outputs,
+            "rules": chosen,
         },
     )
+    physical = sr.optimize()
+    if explain:
+        print(physical.render(sr.lowering.stage))
     lst = Listener(sr, show)
-    spark_listener = make_listener(spark, lst, f"flowspark_{plan.flow_id}")
+    lean = physical.decision("lean_listener", "query").applied
+    spark_listener = make_listener(spark, lst, f"flowspark_{plan.flow_id}", lean)
     if listener is not None:
         spark.streams.addListener(listener)
     query = None

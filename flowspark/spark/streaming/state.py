@@ -47,6 +47,7 @@ from flowspark.spark.worker import (
     no_gc,
     one_to_one_line,
     run_stage_rows,
+    stage_drivers,
     stage_streams,
     through,
 )
@@ -299,7 +300,7 @@ class BucketDriver:
         column_key: The stage's input is its source's own rows, keyed by Spark
             (`spec.column_key`): `ID_COLUMN` (`monotonically_increasing_id`), the source's
             columns and `bucket`; the call runs the source stage's steps on row dicts.
-            With `file_order` (set by the lowering, only for a `flat` stage) the number is
+            With the rule `file_order` (only for a `flat` stage) the number is
             two columns instead: `FILE_COLUMN` and `ROW_COLUMN`, which order each key's rows.
     """
 
@@ -322,22 +323,16 @@ class BucketDriver:
         self.route = route
         self.forward_group = forward_group
         self.spec = spec
-        self.drivers = tuple(ks.driver() for ks in spec.chain)
-        # Every step a function of its state (`stateful_map`) and no TTL: the keys' states are
-        # driven bare, without building and snapshotting a logic object per key and call.
-        self.bare = ttl is None and all(d.batch_fn is not None for d in self.drivers)
-        # One such step writing a sink's rows, no timers, routes or dead letter: each key's
-        # values are mapped as a list, and the sink's items built without sequences.
-        self.flat = (
-            self.bare
-            and len(self.drivers) == 1
-            and sink_rows is not None
-            and not timers
-            and route is None
-            and not spec.dead_letter
-        )
+        self.drivers = stage_drivers(spec)
+        # The rule `bare_state`: every step a function of its state (`stateful_map`), no TTL: the
+        # keys' states are driven bare, without building and snapshotting a logic per key and call.
+        self.bare = "bare_state" in spec.modes
+        # The rule `flat_driver`: one such step writing a sink's rows, no timers, routes or dead
+        # letter: each key's values are mapped as a list, and the sink's items built without sequences.
+        self.flat = "flat_driver" in spec.modes
         self.sink_line = one_to_one_line(spec) if sink_rows is not None else None
-        self.file_order = False
+        # The rule `file_order`: the rows come numbered by their file and row index.
+        self.file_order = "file_order" in spec.modes
         self.depth_in = spec.depth_in
         self.clock = clock
         self.sink_rows = sink_rows

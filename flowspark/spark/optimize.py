@@ -1,0 +1,759 @@
+"""The optimizer: every fast path of the Spark lowerings is a named rule, decided here and only here.
+
+`compile_flow` builds the plain plan: stages, ports and the facts the IR carries (a
+step's `batch_fn`, `eof_only`, a `key_on` proven to read a column...). `optimize(plan,
+env)` returns the physical plan a lowering runs: the same stages, each carrying the
+modes the rules chose (`StageSpec.modes`, `SinkPlan.modes`, and the fields a rule
+sets: `Port.value_only`, `KeyedStep.regroup`, `StageSpec.column_key`...), and one
+`Decision` per rule and subject, which `flowspark plan --spark` and `explain=True`
+print (`render_decisions`). A lowering and the workers interpret modes; they decide
+nothing themselves.
+
+Each `Rule` has a name, the targets it applies to (`batch`, `streaming`), a check
+that returns `None` when the rule applies or the reason it does not, and whether it
+changes the streaming query's shape (`shape`: the choice is recorded in the
+checkpoint and a later run makes the same one). Rules run in `RULES` order; a rule
+may build on one before it (`value_column` on `spark_keys`).
+
+Rules can be switched off (`rules_arg`): `flowspark.spark.run(..., rules=...)`,
+`flowspark run --rules` or the environment variable `FLOWSPARK_RULES`: `all` (the
+default), `none`, or `-NAME,-NAME` (all but those). With `none` every stage runs the
+reference lowering: each row a `(k, seq, v)` row keyed by the Python pass, every
+emit tagged, every logic built and snapshotted.
+
+Not rules, because nothing is decided per flow: the codec's per-value encodings
+(`flowspark.spark.codec.dumps` marks each value with its encoding, so any reader
+decodes any value) and the lowering of each source and sink kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from flowspark.errors import FlowsparkTypeError
+from flowspark.spark.columns import ID_COLUMN
+from flowspark.spark.plan import ColumnKey, Plan, SinkPlan, StagePlan, StageSpec
+
+__all__ = [
+    "ENV_VAR",
+    "RULES",
+    "Decision",
+    "Env",
+    "Rule",
+    "describe_rules",
+    "optimize",
+    "render_decisions",
+    "rule_names",
+    "rules_arg",
+    "shape_choices",
+]
+
+#: The environment variable that switches rules off when `rules` is not given.
+ENV_VAR = "FLOWSPARK_RULES"
+
+
+@dataclass(frozen=True)
+class Env:
+    """What the optimizer knows of a run besides the plan (each lowering fills it before building).
+
+    Attributes:
+        target: `batch` or `streaming`.
+        rules: The rules switched on (`rules_arg`).
+        rules_text: How they were asked for (shown in a switched-off rule's reason).
+        session: Whether the lowering had a session to read the sources' and sinks' columns
+            (`False` for `flowspark plan --no-physical`: rules needing them are not decided).
+        connect: The session is a Spark Connect session.
+        columns: For each `SparkSource` stage, its DataFrame's columns as `(name, type)`;
+            type `string` only for a plain (non-collated) string column.
+        file_streams: `SparkSource` stages that are parquet file streams whose rows Spark
+            gives their file and row index (`streaming.frames.file_rows`).
+        timers: The streaming query runs with timers.
+        routed: The streaming query threads one chain of rows through every stage.
+        ttl: The run has a `state_ttl`.
+        writer_sink: The output Spark's own streaming writer takes (the query's lone
+            `SparkSink` with a schema), or `None`.
+        atomic_sinks: Outputs whose given schema has only atomic columns.
+        recorded: Shape choices recorded in the checkpoint by an earlier run (`rule name ->
+            applied`); a rule missing here was not recorded (a new checkpoint).
+    """
+
+    target: str
+    rules: frozenset[str] = field(default_factory=lambda: frozenset(rule_names()))
+    rules_text: str = "all"
+    session: bool = True
+    connect: bool = False
+    columns: Mapping[int, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    file_streams: frozenset[int] = frozenset()
+    timers: bool = False
+    routed: bool = False
+    ttl: bool = False
+    writer_sink: Optional[str] = None
+    atomic_sinks: frozenset[str] = frozenset()
+    recorded: Mapping[str, bool] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one rule decided for one stage, sink or the query.
+
+    Attributes:
+        rule: The rule's name.
+        where: `stage N`, `sink STEP_ID` or `query`.
+        applied: Whether it applied.
+        reason: Why not (empty when applied).
+    """
+
+    rule: str
+    where: str
+    applied: bool
+    reason: str = ""
+
+    def __str__(self) -> str:
+        """`rule NAME: applied` or `rule NAME: not applied (REASON)`."""
+        return f"rule {self.rule}: applied" if self.applied else f"rule {self.rule}: not applied ({self.reason})"
+
+
+class _Work:
+    """The plan being optimized: mutable copies of its stage specs and sinks."""
+
+    def __init__(self, plan: Plan, env: Env) -> None:
+        self.plan = plan
+        self.env = env
+        self.specs = {st.spec.stage_id: st.spec for st in plan.stages}
+        self.sinks = {sk.step_id: sk for sk in plan.sinks}
+        self.done: set[tuple[str, str]] = set()  # (rule, where) that applied
+
+    def stage(self, sid: int) -> StagePlan:
+        return self.plan.stages[sid]
+
+    def spec(self, sid: int) -> StageSpec:
+        return self.specs[sid]
+
+    def set(self, sid: int, **changes: Any) -> None:
+        self.specs[sid] = dataclasses.replace(self.specs[sid], **changes)
+
+    def add_mode(self, sid: int, mode: str) -> None:
+        self.set(sid, modes=self.specs[sid].modes | {mode})
+
+    def applied(self, rule: str, where: str) -> bool:
+        return (rule, where) in self.done
+
+    def sink_of(self, sid: int) -> Optional[SinkPlan]:
+        """The sink that is the only reader of stage `sid`'s only port, if any."""
+        for sk in self.sinks.values():
+            if sk.port == (sid, 0) and len(self.spec(sid).ports) == 1 and self.plan.readers(sk.port) == [sk.step_id]:
+                return sk
+        return None
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One fast path.
+
+    Attributes:
+        name: Its name (what `rules=` switches off).
+        scope: `stage`, `sink` or `query`: what it is decided for.
+        targets: The lowerings it applies to.
+        shape: Whether it changes a streaming query's shape (recorded in the checkpoint).
+        summary: What it does, in a sentence.
+        subjects: The kinds of stage (`keyed`, `source`, `map`) it is decided for, for `stage` rules.
+        check: `(work, subject) -> None | reason` (subject: stage id, sink step id or `None`).
+        apply: `(work, subject) -> None`: set the modes.
+    """
+
+    name: str
+    scope: str
+    targets: frozenset[str]
+    shape: bool
+    summary: str
+    check: Callable[[_Work, Any], Optional[str]]
+    apply: Callable[[_Work, Any], None]
+    subjects: frozenset[str] = frozenset({"keyed"})
+
+
+# -- the rules' checks and effects ---------------------------------------------------------------
+
+
+def _keyed_only_ports(w: _Work, sid: int) -> list[int]:
+    """Ports of stage `sid` feeding a stateful step and read by keyed stages only."""
+    out = []
+    for p, port in enumerate(w.spec(sid).ports):
+        readers = w.plan.readers((sid, p))
+        if port.key_for and readers and all(isinstance(r, int) and w.stage(r).kind == "keyed" for r in readers):
+            out.append(p)
+    return out
+
+
+def _check_value_only(w: _Work, sid: int) -> Optional[str]:
+    if not _keyed_only_ports(w, sid):
+        return "no port of the stage is read by keyed stages only"
+    return None
+
+
+def _apply_value_only(w: _Work, sid: int) -> None:
+    ports = list(w.spec(sid).ports)
+    for p in _keyed_only_ports(w, sid):
+        ports[p] = dataclasses.replace(ports[p], value_only=True)
+        for r in w.plan.readers((sid, p)):
+            w.set(r, input_value_only=True)
+    w.set(sid, ports=tuple(ports))
+
+
+def _check_unordered(w: _Work, sid: int) -> Optional[str]:
+    for p in range(len(w.spec(sid).ports)):
+        for r in w.plan.readers((sid, p)):
+            if isinstance(r, int):
+                return f"stage {r} reads port{p}"
+            if r in w.plan.driver_readers():
+                return f"{r} sees port{p} at the driver in order"
+    return None
+
+
+def _apply_unordered(w: _Work, sid: int) -> None:
+    chain = list(w.spec(sid).chain)
+    chain[-1] = dataclasses.replace(chain[-1], regroup=False)
+    w.set(sid, chain=tuple(chain))
+
+
+def _check_eof_only(w: _Work, sid: int) -> Optional[str]:
+    if not any(ks.eof_only for ks in w.spec(sid).chain[1:]):
+        return "no step after the first emits only at end of input"
+    return None
+
+
+def _check_bare(w: _Work, sid: int) -> Optional[str]:
+    chain = w.spec(sid).chain
+    plain = [ks.step_id for ks in chain if ks.batch_fn is None]
+    if plain:
+        return f"step {plain[0]!r} is not a function of its state (stateful_map)"
+    if w.env.ttl:
+        return "the run has a state_ttl"
+    return None
+
+
+def _column_key(w: _Work, sid: int) -> ColumnKey | str:
+    """The Spark-keyed form of keyed stage `sid` (`ColumnKey`), or why it has none."""
+    st = w.stage(sid)
+    if len(st.inputs) != 1:
+        return "it reads several ports"
+    src_id, port, _pad = st.inputs[0]
+    src = w.stage(src_id)
+    spec = w.spec(src_id)
+    if src.kind != "source" or spec.source != "native":
+        return "its input does not come straight from a SparkSource"
+    if len(spec.ports) != 1 or w.plan.readers((src_id, port)) != [sid]:
+        return f"stage {src_id}'s rows go elsewhere too"
+    stream = spec.entry
+    column = None
+    for o in spec.ops:
+        if o.ups != (stream,) or len(o.downs) != 1:
+            return f"step {o.step_id!r} branches or merges"
+        if o.kind == "map" and column is None and o.key_column is not None:
+            column = o.key_column
+        elif not (
+            o.kind == "pass" or (o.kind == "map" and o.keeps in (("items",) if column is None else ("items", "key")))
+        ):
+            return f"step {o.step_id!r} may change the items before or after the key"
+        stream = o.downs[0]
+    if column is None:
+        return "no key_on is proven to read a column (row[column])"
+    out = spec.ports[0].stream
+    if stream != out:
+        return "the key is not the last step of its source stage"
+    return ColumnKey(column, src_id, spec.source_step, spec.source_index, spec.entry, tuple(spec.ops), out)
+
+
+def _column_refusal(w: _Work, ck: ColumnKey) -> Optional[str]:
+    cols = w.env.columns.get(ck.source_stage)
+    if cols is None:
+        return "the SparkSource's columns are read with a session; this plan was made without one"
+    names = [n for n, _t in cols]
+    if names.count(ck.column) != 1:
+        return f"the DataFrame has {names.count(ck.column)} columns named {ck.column!r}"
+    if ID_COLUMN in names:
+        return f"the DataFrame has a column named {ID_COLUMN!r}"
+    kind = dict(cols)[ck.column]
+    if kind != "string":
+        return f"column {ck.column!r} is {kind}, not string"
+    return None
+
+
+def _check_spark_keys(w: _Work, sid: int) -> Optional[str]:
+    ck = _column_key(w, sid)
+    if isinstance(ck, str):
+        return ck
+    why = _column_refusal(w, ck)
+    if why is not None:
+        return why
+    if w.env.routed:
+        return "the query is routed (some stage has several readers)"
+    if w.env.recorded.get("spark_keys") is False:
+        return "the checkpoint was started without it"
+    return None
+
+
+def _apply_spark_keys(w: _Work, sid: int) -> None:
+    ck = _column_key(w, sid)
+    assert isinstance(ck, ColumnKey)
+    w.set(sid, column_key=ck)
+    w.add_mode(ck.source_stage, "keyed_by_spark")  # its Python pass is skipped
+
+
+def _check_value_mappers(w: _Work, sid: int) -> Optional[str]:
+    if not w.applied("spark_keys", f"stage {sid}"):
+        return "spark_keys did not apply"
+    if w.plan.dead_letter is not None:
+        return "the run has a dead letter (each refused item needs its sequence)"
+    ck = w.spec(sid).column_key
+    assert ck is not None
+    first = ck.ops[0]
+    if first.kind != "map" or first.key_column != ck.column:
+        return f"step {first.step_id!r} comes before the key_on"
+    for o in ck.ops[1:]:
+        if o.kind != "pass" and not (o.kind == "map" and o.value_fn is not None):
+            return f"step {o.step_id!r} after the key_on is not a map_value"
+    return None
+
+
+def _check_value_column(w: _Work, sid: int) -> Optional[str]:
+    if not w.applied("value_mappers", f"stage {sid}"):
+        return "value_mappers did not apply"
+    ck = w.spec(sid).column_key
+    assert ck is not None
+    col = ck.value_candidate
+    if col is None:
+        return "the step after the key is not a map_value proven to read a column"
+    names = [n for n, _t in w.env.columns.get(ck.source_stage, ())]
+    if names.count(col) != 1:
+        return f"the DataFrame has {names.count(col)} columns named {col!r}"
+    return None
+
+
+def _apply_value_column(w: _Work, sid: int) -> None:
+    ck = w.spec(sid).column_key
+    assert ck is not None
+    w.set(sid, column_key=dataclasses.replace(ck, value_from=ck.value_candidate))
+
+
+def _cheap_to_rerun(w: _Work, sid: int) -> Optional[str]:
+    st = w.stage(sid)
+    if st.kind == "source":
+        if w.spec(sid).source in ("native", "chunks"):
+            return None
+        return "its stage reads a Python source, whose partitions would be opened twice"
+    if st.kind == "keyed" and w.applied("spark_keys", f"stage {sid}"):
+        return None
+    return "its stage is fed by another Python stage, which would run twice"
+
+
+def _check_sampling(w: _Work, step: str) -> Optional[str]:
+    sk = w.sinks[step]
+    if sk.where != "native" or not hasattr(sk.sink, "schema"):
+        return "not a SparkSink"
+    if sk.sink.schema is not None:
+        return "the sink has a schema"
+    if w.plan.dead_letter is not None:
+        return "the run has a dead letter"
+    if w.sink_of(sk.port[0]) is not sk:
+        return f"stage {sk.port[0]} has other outputs"
+    return _cheap_to_rerun(w, sk.port[0])
+
+
+def _check_fusion(w: _Work, step: str) -> Optional[str]:
+    sk = w.sinks[step]
+    sid = sk.port[0]
+    if sk.where != "native" or not hasattr(sk.sink, "schema"):
+        return "not a SparkSink"
+    if w.plan.dead_letter is not None:
+        return "the run has a dead letter"
+    if w.sink_of(sid) is not sk:
+        return f"stage {sid} has other outputs"
+    if w.env.target == "batch":
+        if sk.sink.schema is None and not w.applied("schema_sampling", f"sink {step}"):
+            return "the schema comes from the stage's persisted output"
+        return None
+    if w.env.writer_sink != step:
+        return "Spark's streaming writer does not take it (not the query's lone SparkSink with a schema)"
+    if w.stage(sid).kind != "keyed":
+        return f"stage {sid} is not keyed"
+    if w.env.routed:
+        return "the query is routed"
+    if not w.env.session:
+        return "the schema's columns are checked with a session; this plan was made without one"
+    if step not in w.env.atomic_sinks:
+        return "the schema has non-atomic columns"
+    return None
+
+
+def _sink_mode(name: str) -> Callable[[_Work, str], None]:
+    def apply(w: _Work, step: str) -> None:
+        sk = w.sinks[step]
+        w.sinks[step] = dataclasses.replace(sk, modes=sk.modes | {name})
+        w.add_mode(sk.port[0], name)
+
+    return apply
+
+
+def _check_flat(w: _Work, sid: int) -> Optional[str]:
+    if not w.applied("bare_state", f"stage {sid}"):
+        return "bare_state did not apply"
+    if len(w.spec(sid).chain) != 1:
+        return "the stage chains several steps"
+    if "sink_fusion" not in w.spec(sid).modes:
+        return "the stage does not write a sink's rows (sink_fusion)"
+    if w.env.timers:
+        return "the query has timers"
+    if w.plan.dead_letter is not None:
+        return "the run has a dead letter"
+    return None
+
+
+def _check_ordered(w: _Work, sid: int) -> Optional[str]:
+    if not w.applied("flat_driver", f"stage {sid}"):
+        return "flat_driver did not apply"
+    if w.applied("spark_keys", f"stage {sid}"):
+        return "Spark keys the stage's rows (spark_keys)"
+    st = w.stage(sid)
+    if len(st.inputs) != 1 or st.inputs[0][2]:
+        return "it reads a merge"
+    src_id = st.inputs[0][0]
+    src = w.stage(src_id)
+    if src.kind != "source" or src.spec.source == "native":
+        return "its input is not a Python source's stage"
+    if len(src.spec.ports) != 1 or w.plan.readers((src_id, 0)) != [sid]:
+        return f"stage {src_id}'s items go elsewhere too"
+    if not all(o.kind == "map" and o.one_to_one for o in src.spec.ops):
+        return f"a step of stage {src_id} is not one-to-one"
+    return None
+
+
+def _apply_ordered(w: _Work, sid: int) -> None:
+    w.add_mode(sid, "ordered_source")
+    w.add_mode(w.stage(sid).inputs[0][0], "ordered_source")
+
+
+def _check_file_order(w: _Work, sid: int) -> Optional[str]:
+    if not w.applied("flat_driver", f"stage {sid}"):
+        return "flat_driver did not apply"
+    ck = w.spec(sid).column_key
+    if ck is None:
+        return "spark_keys did not apply"
+    if ck.source_stage not in w.env.file_streams:
+        return "the source is not a parquet file stream with file and row indexes"
+    return None
+
+
+def _check_lean(w: _Work, _subject: Any) -> Optional[str]:
+    if not w.env.session:
+        return "the session is known when the run starts; this plan was made without one"
+    if w.env.connect:
+        return "a Spark Connect session delivers events as JSON already"
+    return None
+
+
+def _mode(name: str) -> Callable[[_Work, int], None]:
+    def apply(w: _Work, sid: int) -> None:
+        w.add_mode(sid, name)
+
+    return apply
+
+
+def _noop(_w: _Work, _subject: Any) -> None:
+    pass
+
+
+_TARGET_NAMES = {"batch": "batch jobs", "streaming": "streaming queries"}
+_BOTH = frozenset({"batch", "streaming"})
+_STREAM = frozenset({"streaming"})
+_BATCH = frozenset({"batch"})
+
+#: Every rule, in the order they are decided.
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "value_only_ports",
+        "stage",
+        _BOTH,
+        False,
+        "a port read only by keyed stages carries each item's value alone (the key is in column k)",
+        _check_value_only,
+        _apply_value_only,
+        frozenset({"source", "map", "keyed"}),
+    ),
+    Rule(
+        "unordered_emits",
+        "stage",
+        _BOTH,
+        False,
+        "the last step's emits keep their value's sequence instead of moving the key into it, "
+        "when nobody reads their order across keys",
+        _check_unordered,
+        _apply_unordered,
+    ),
+    Rule(
+        "eof_only",
+        "stage",
+        _BOTH,
+        False,
+        "a step followed by one that emits only at end of input (fold_final, collect...) tags no emits",
+        _check_eof_only,
+        _mode("eof_only"),
+    ),
+    Rule(
+        "bare_state",
+        "stage",
+        _STREAM,
+        False,
+        "stateful_map steps are driven on their bare states, without building and snapshotting a logic per key",
+        _check_bare,
+        _mode("bare_state"),
+    ),
+    Rule(
+        "spark_keys",
+        "stage",
+        _BOTH,
+        True,
+        "Spark keys a SparkSource's rows on the key column, shuffles and sorts them natively, and the keyed "
+        "stage runs the source's steps (one Python pass instead of two)",
+        _check_spark_keys,
+        _apply_spark_keys,
+    ),
+    Rule(
+        "value_mappers",
+        "stage",
+        _BOTH,
+        False,
+        "a Spark-keyed stage whose key_on comes first and whose later steps are map_value builds its items as "
+        "columns: keys as Spark gives them, each mapper called on the whole list of values",
+        _check_value_mappers,
+        _mode("value_mappers"),
+    ),
+    Rule(
+        "value_column",
+        "stage",
+        _BOTH,
+        False,
+        "a Spark-keyed stage whose map_value reads one column reads that column's values, building no row dict",
+        _check_value_column,
+        _apply_value_column,
+    ),
+    Rule(
+        "schema_sampling",
+        "sink",
+        _BATCH,
+        False,
+        "a SparkSink without a schema gets it from a sampling job that stops after 100 items, "
+        "so its stage can write the rows in one pass",
+        _check_sampling,
+        _sink_mode("schema_sampling"),
+    ),
+    Rule(
+        "sink_fusion",
+        "sink",
+        _BOTH,
+        False,
+        "the stage feeding a SparkSink emits the sink's typed rows itself (no pass converting pickled items)",
+        _check_fusion,
+        _sink_mode("sink_fusion"),
+    ),
+    Rule(
+        "flat_driver",
+        "stage",
+        _STREAM,
+        False,
+        "one stateful_map writing a sink's rows maps each key's values as a list, computing no sequences",
+        _check_flat,
+        _mode("flat_driver"),
+    ),
+    Rule(
+        "ordered_source",
+        "stage",
+        _STREAM,
+        False,
+        "the Python source's read numbers each micro-batch's items in order (8 bytes instead of a sequence)",
+        _check_ordered,
+        _apply_ordered,
+    ),
+    Rule(
+        "file_order",
+        "stage",
+        _STREAM,
+        False,
+        "a parquet file stream's rows are ordered by Spark's file and row index, with no numbering pass",
+        _check_file_order,
+        _mode("file_order"),
+    ),
+    Rule(
+        "lean_listener",
+        "query",
+        _STREAM,
+        False,
+        "the progress listener reads each event as one JSON string from the JVM (classic sessions)",
+        _check_lean,
+        _noop,
+    ),
+)
+
+
+def rule_names() -> list[str]:
+    """The names of every rule, in the order they are decided.
+
+    Returns:
+        The names.
+    """
+    return [r.name for r in RULES]
+
+
+def rules_arg(value: Any, where: str = "flowspark.spark.run") -> tuple[frozenset[str], str]:
+    """The rules switched on by `value` (`None`: the environment variable `FLOWSPARK_RULES`, else all).
+
+    Args:
+        value: `None`, `"all"`, `"none"`, `"-NAME,-NAME"` (all but those), `"NAME,NAME"`
+            (only those), or an iterable of rule names (only those).
+        where: Who asks (named in the error).
+
+    Returns:
+        `(names switched on, the text asked for)`.
+
+    Raises:
+        FlowsparkTypeError: An unknown rule name or a malformed value.
+    """
+    names = rule_names()
+    if value is None:
+        value = os.environ.get(ENV_VAR) or "all"
+        where = f"{where} ({ENV_VAR})" if os.environ.get(ENV_VAR) else where
+    if isinstance(value, str):
+        text = value.strip()
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+    elif isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(p, str) for p in value):
+        parts = sorted(value) if isinstance(value, (set, frozenset)) else list(value)
+        text = ",".join(parts)
+    else:
+        msg = f"{where}: rules must be 'all', 'none', '-NAME,-NAME' or a list of rule names; received {value!r}"
+        raise FlowsparkTypeError(msg)
+    if parts in (["all"], []):
+        return frozenset(names), "all"
+    if parts == ["none"]:
+        return frozenset(), "none"
+    minus = [p[1:] for p in parts if p.startswith("-")]
+    plus = [p for p in parts if not p.startswith("-")]
+    unknown = [p for p in minus + plus if p not in names]
+    if unknown or (minus and plus):
+        why = f"unknown rule {unknown[0]!r}" if unknown else "mix of rules switched off (-NAME) and rules named alone"
+        msg = (
+            f"{where}: {why} in rules={text!r}; use 'all', 'none', '-NAME,-NAME' (all but those) or "
+            f"'NAME,NAME' (only those), with names from: {', '.join(names)}"
+        )
+        raise FlowsparkTypeError(msg)
+    if minus:
+        return frozenset(names) - frozenset(minus), text
+    return frozenset(plus), text
+
+
+def _subjects(rule: Rule, plan: Plan) -> list[Any]:
+    if rule.scope == "stage":
+        return [st.spec.stage_id for st in plan.stages if st.kind in rule.subjects]
+    if rule.scope == "sink":
+        return [sk.step_id for sk in plan.sinks]
+    return [None]
+
+
+def _where(rule: Rule, subject: Any) -> str:
+    if rule.scope == "stage":
+        return f"stage {subject}"
+    if rule.scope == "sink":
+        return f"sink {subject}"
+    return "query"
+
+
+def optimize(plan: Plan, env: Env) -> Plan:
+    """The physical plan of `plan` for a lowering: every rule decided, its modes set, its decisions recorded.
+
+    Args:
+        plan: The plain plan (`compile_flow`), maybe with a dead letter.
+        env: What the lowering knows of the run.
+
+    Returns:
+        The physical plan (`Plan.decisions` holds every decision, in rule order).
+    """
+    w = _Work(plan, env)
+    decisions: list[Decision] = []
+    for rule in RULES:
+        for subject in _subjects(rule, plan):
+            where = _where(rule, subject)
+            if env.target not in rule.targets:
+                why: Optional[str] = "only for " + " and ".join(_TARGET_NAMES[t] for t in sorted(rule.targets))
+            elif rule.name not in env.rules:
+                why = f"switched off: rules={env.rules_text!r}"
+            else:
+                why = rule.check(w, subject)
+            if why is None:
+                rule.apply(w, subject)
+                w.done.add((rule.name, where))
+            decisions.append(Decision(rule.name, where, why is None, why or ""))
+    stages = tuple(dataclasses.replace(st, spec=_physical(w.specs[st.spec.stage_id])) for st in plan.stages)
+    sinks = tuple(w.sinks[sk.step_id] for sk in plan.sinks)
+    return dataclasses.replace(plan, stages=stages, sinks=sinks, decisions=tuple(decisions), target=env.target)
+
+
+def _physical(spec: StageSpec) -> StageSpec:
+    """A stage's facts a rule did not take up are cleared: the workers read modes only."""
+    modes = spec.modes
+    chain = tuple(
+        dataclasses.replace(
+            ks,
+            batch_fn=ks.batch_fn if "bare_state" in modes else None,
+            eof_only=ks.eof_only and "eof_only" in modes,
+        )
+        for ks in spec.chain
+    )
+    return dataclasses.replace(spec, chain=chain)
+
+
+def render_decisions(plan: Plan, where: str) -> list[str]:
+    """The decision lines of one stage, sink or the query, as `flowspark plan --spark` prints them.
+
+    Args:
+        plan: A physical plan (`optimize`).
+        where: `stage N`, `sink STEP_ID` or `query`.
+
+    Returns:
+        One line per rule decided there.
+    """
+    return [str(d) for d in plan.decisions if d.where == where]
+
+
+def shape_choices(plan: Plan) -> dict[str, bool]:
+    """The decisions of shape rules (recorded in a streaming checkpoint): `name -> applied anywhere`.
+
+    Args:
+        plan: A physical plan.
+
+    Returns:
+        The choices.
+    """
+    shape = {r.name for r in RULES if r.shape}
+    out: dict[str, bool] = {}
+    for d in plan.decisions:
+        if d.rule in shape:
+            out[d.rule] = out.get(d.rule, False) or d.applied
+    return out
+
+
+def describe_rules() -> str:
+    """Every rule as a markdown table (docs/architecture.md holds it; a test checks it is current).
+
+    Returns:
+        The table.
+    """
+    lines = [
+        "| rule | applies to | decided for | changes the query's shape | what it does |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for r in RULES:
+        targets = ", ".join(sorted(r.targets))
+        lines.append(f"| `{r.name}` | {targets} | {r.scope} | {'yes' if r.shape else 'no'} | {r.summary} |")
+    return "\n".join(lines)
