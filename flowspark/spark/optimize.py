@@ -353,7 +353,7 @@ def _cheap_to_rerun(w: _Work, sid: int) -> Optional[str]:
 def _check_sampling(w: _Work, step: str) -> Optional[str]:
     sk = w.sinks[step]
     if sk.where != "native" or not hasattr(sk.sink, "schema"):
-        return "not a SparkSink"
+        return _NOT_NATIVE
     if sk.sink.schema is not None:
         return "the sink has a schema"
     if w.plan.dead_letter is not None:
@@ -367,7 +367,7 @@ def _check_fusion(w: _Work, step: str) -> Optional[str]:
     sk = w.sinks[step]
     sid = sk.port[0]
     if sk.where != "native" or not hasattr(sk.sink, "schema"):
-        return "not a SparkSink"
+        return _NOT_NATIVE
     if w.plan.dead_letter is not None:
         return "the run has a dead letter"
     if w.sink_of(sid) is not sk:
@@ -466,6 +466,7 @@ def _noop(_w: _Work, _subject: Any) -> None:
     pass
 
 
+_NOT_NATIVE = "not written by Spark: neither a SparkSink nor a ForeachBatchSink"
 _TARGET_NAMES = {"batch": "batch jobs", "streaming": "streaming queries"}
 _BOTH = frozenset({"batch", "streaming"})
 _STREAM = frozenset({"streaming"})

@@ -22,6 +22,7 @@ from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError
 from flowspark.spark import SparkSink, SparkSource, compile_flow, run
 from flowspark.spark.batch import describe_stage
+from flowspark.spark.optimize import Env, optimize
 from flowspark.testing import TestingSink, TestingSource, per_key, run_main
 
 pytestmark = [pytest.mark.spark]
@@ -125,13 +126,16 @@ def _values_flow(source: Any, key: Any, out: list[Any], project: bool = False) -
 def test_value_mappers_are_carried_to_the_spark_keyed_stage():
     for project, ids in ((False, ["inv", "pair"]), (True, ["v", "inv", "pair"])):
         flow = _values_flow(SparkSource("parquet", "/x"), recognised, [], project=project)
-        stage = next(st for st in compile_flow(flow).stages if st.spec.chain)
+        plan = optimize(compile_flow(flow), Env("batch", columns={0: (("user", "string"), ("v", "bigint"))}))
+        stage = next(st for st in plan.stages if st.spec.chain)
+        assert plan.decision("value_mappers", "stage 1").applied
+        assert plan.decision("value_column", "stage 1").applied is project
         ck = stage.spec.column_key
         assert ck is not None
         assert [o.step_id for o in ck.ops[1:]] == [f"vals.{i}.flat_map_batch" for i in ids]
         assert all(o.value_fn is not None for o in ck.ops[1:])
         assert ck.ops[-1].value_fn(7) == (7, -7)  # the user's mapper, per value
-        assert ck.value_column == ("v" if project else None)
+        assert ck.value_from == ("v" if project else None)
 
 
 @pytest.mark.parametrize("project", [False, True])
@@ -264,11 +268,11 @@ def test_a_missing_column_keeps_the_python_pass_and_its_error(spark):
 def test_explain_prints_the_lowering_each_keyed_stage_got(spark, capsys):
     df = _df(spark, [("a", 1)])
     run(build(SparkSource.from_dataframe(df), recognised, []), spark=spark, explain=True)
-    assert "stage 1: Spark keys on column 'user'" in capsys.readouterr().out
+    assert "    rule spark_keys: applied" in capsys.readouterr().out
     df = _df(spark, [(1, 1)], schema="user long, v long")
     with pytest.raises(FlowsparkRuntimeError):
         run(build(SparkSource.from_dataframe(df), recognised, []), spark=spark, explain=True)
-    assert "stage 1: Python key pass in stage 0: column 'user' is bigint, not string" in capsys.readouterr().out
+    assert "    rule spark_keys: not applied (column 'user' is bigint, not string)" in capsys.readouterr().out
 
 
 ROWS = st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", None]), st.integers(0, 60)), max_size=40)
@@ -334,8 +338,11 @@ def test_a_sink_without_schema_infers_it_from_the_first_100_items_on_both_loweri
             outcomes.append((df.schema.simpleString(), sorted(df.collect())))
     assert outcomes[0] == outcomes[1]
     printed = capsys.readouterr().out
-    assert "sink job.out: schema inferred from the first 100 items of a sampling job, then one pass" in printed
-    assert "sink job.out: schema inferred from the first 100 items of stage 1's persisted output" in printed
+    assert "    rule schema_sampling: applied" in printed
+    assert (
+        "    rule schema_sampling: not applied (its stage is fed by another Python stage, which would run twice)"
+        in printed
+    )
     if first_key_rows == 99:
         assert outcomes[0][0] == "struct<user:string,x:bigint>"
         assert len(outcomes[0][1]) == 149

@@ -255,11 +255,15 @@ def _rows_flow(tmp_path: Path, items: list[Any], schema: Any, second_reader: boo
 
 def test_a_spark_sink_read_alone_gets_its_rows_from_the_stage_itself():
     from flowspark.spark import compile_flow
+    from flowspark.spark.optimize import Env, optimize
 
-    alone = compile_flow(_rows_flow(Path("/x"), [], None, second_reader=False))
-    shared = compile_flow(_rows_flow(Path("/x"), [], None, second_reader=True))
-    assert [sk.only_reader for sk in alone.sinks] == [True]
-    assert [sk.only_reader for sk in shared.sinks] == [False, False]
+    alone = optimize(compile_flow(_rows_flow(Path("/x"), [], "user STRING", second_reader=False)), Env("batch"))
+    shared = optimize(compile_flow(_rows_flow(Path("/x"), [], "user STRING", second_reader=True)), Env("batch"))
+    assert [str(d) for d in alone.decisions if d.rule == "sink_fusion"] == ["rule sink_fusion: applied"]
+    assert [str(d) for d in shared.decisions if d.rule == "sink_fusion"] == [
+        "rule sink_fusion: not applied (stage 1 has other outputs)",
+        "rule sink_fusion: not applied (not written by Spark: neither a SparkSink nor a ForeachBatchSink)",
+    ]
 
 
 @pytest.mark.parametrize("schema", [None, "user STRING, x LONG, n LONG"])

@@ -127,7 +127,7 @@ def test_stream_stuck_on_a_poison_row_goes_on_with_a_dead_letter_exactly_once(sp
     lines: list = []
     sr = run(_flow(src, sink), dead_letter=DeadLetterDir(dl), **{**opts, "progress": lines.append})
     assert sr is not None
-    assert sr.lowered == {1: "Spark keys on column 'user'"}
+    assert sr.plan.decision("spark_keys", "stage 1").applied
     fits, _ = _in_memory()
     got = sorted((r.user, r.total) for r in spark.read.parquet(out_dir).collect())
     assert per_key(got) == per_key(sorted(fits))

@@ -110,7 +110,7 @@ def test_batch_malformed_rows_go_to_the_dead_letter_with_raw_text_and_file(spark
     f1 = _write(src, "p1", fmt, [("amy", 1), BAD[fmt], ("bob", 2), ("amy", 3)])
     f2 = _write(src, "p2", fmt, [BAD2[fmt], ("bob", 4)])
     run(_flow(_source(fmt, src, False), _parquet_sink(out)), spark=spark, dead_letter=DeadLetterDir(dl), explain=True)
-    assert "stage 1: Spark keys on column 'user'" in capsys.readouterr().out
+    assert "    rule spark_keys: applied" in capsys.readouterr().out
     # eve's CSV row has user 'eve': had it reached key_on, eve would be counted.
     assert _out(spark, out) == [("amy", 1), ("amy", 2), ("bob", 1), ("bob", 2)]
     assert _dead(spark, dl) == sorted(
@@ -171,7 +171,7 @@ def test_stream_malformed_rows_go_to_the_dead_letter_exactly_once(spark, tmp_pat
     f1 = _write(src, "p1", fmt, [("amy", 1), BAD[fmt], ("bob", 2), ("amy", 3)])
     sr = run(_flow(_source(fmt, src, True), _parquet_sink(out)), dead_letter=DeadLetterDir(dl), **opts)
     assert sr is not None
-    assert sr.lowered == {1: "Spark keys on column 'user'"}
+    assert sr.plan.decision("spark_keys", "stage 1").applied
     assert os.path.isdir(os.path.join(out, "_spark_metadata"))  # still Spark's exactly-once file sink
     first = [("amy", 1), ("amy", 2), ("bob", 1)]
     dead1 = [("mal.inp", "MalformedInput", f"malformed input row in {f1}: {BAD[fmt]}", BAD[fmt])]
@@ -204,7 +204,9 @@ def test_stream_dead_letter_at_the_driver_with_a_python_key_pass(spark, tmp_path
         progress=False,
     )
     assert sr is not None
-    assert sr.lowered == {}
+    assert str(sr.plan.decision("spark_keys", "stage 1")) == (
+        "rule spark_keys: not applied (no key_on is proven to read a column (row[column]))"
+    )
     assert sorted((r["user"], r["n"]) for r in out) == [("AMY", 1), ("BOB", 1)]
     assert [(d["step_id"], d["error_type"], d["error_message"], d["item"]) for d in dead] == [
         ("mal.inp", "MalformedInput", f"malformed input row in {f1}: {BAD['json']}", BAD["json"])

@@ -50,7 +50,7 @@ def test_spark_keys_a_file_stream_and_results_equal_in_memory(spark, tmp_path, l
     opts = {"spark": spark, "checkpoint": str(tmp_path / "chk"), "trigger": "available_now", "progress": False}
     sr = run(_sum_flow(src, streamed), state_layout=layout, **opts)
     assert sr is not None
-    assert sr.lowered == {1: "Spark keys on column 'user'"}
+    assert sr.plan.decision("spark_keys", "stage 1").applied
     local: list = []
     run_main(_sum_flow(TestingSource(ROWS), local))
     assert per_key(streamed) == per_key(local)
@@ -82,7 +82,7 @@ def test_spark_keyed_stream_with_timers_and_a_restart(spark, tmp_path):
     opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False}
     sr = run(flow(), **opts)
     assert sr is not None
-    assert sr.lowered == {1: "Spark keys on column 'user'"}
+    assert sr.plan.decision("spark_keys", "stage 1").applied
     _write(spark, src_dir + "_2", ROWS[30:], 1)
     os.rename(f"{src_dir}_2/f000.parquet", f"{src_dir}/f001.parquet")
     run(flow(), **opts)
@@ -126,7 +126,8 @@ def test_a_parquet_stream_into_a_one_step_sink_is_ordered_by_file_and_row(spark,
     opts = {"spark": spark, "checkpoint": str(tmp_path / "chk"), "trigger": "available_now", "progress": False}
     sr = run(_seen_flow(src, out_dir), state_layout=layout, **opts)
     assert sr is not None
-    assert sr.lowered == {1: "Spark keys on column 'user'; each key's rows ordered by their file and row index"}
+    assert sr.plan.decision("spark_keys", "stage 1").applied
+    assert sr.plan.decision("file_order", "stage 1").applied
     final = {}
     for r in spark.read.parquet(out_dir).collect():
         seen = [int(p) for p in r.seen.split()]

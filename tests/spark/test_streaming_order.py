@@ -83,7 +83,7 @@ def _spark_rows(spark, tmp_path, steps=()):
 @pytest.mark.spark
 def test_a_flat_stage_gets_its_items_in_sequence_order_across_partitions_and_batches(spark, tmp_path):
     sr, got, batches = _spark_rows(spark, tmp_path)
-    assert "its source numbers each micro-batch's items in order" in sr.lowered.values()
+    assert sr.plan.decision("ordered_source", "stage 1").applied
     assert batches >= 3
     expected = _expected()
     assert got == {u: seen[-1] for u, seen in expected.items()}
@@ -94,7 +94,9 @@ def test_a_source_stage_that_is_not_one_to_one_keeps_its_sequences(spark, tmp_pa
     # A filter may drop items: its items' sequences gain a component, so no position is stamped.
     steps = (lambda s: op.filter("drop_b3", s, lambda e: e["at"] != "b3"),)
     sr, got, _ = _spark_rows(spark, tmp_path, steps)
-    assert "its source numbers each micro-batch's items in order" not in sr.lowered.values()
+    assert str(sr.plan.decision("ordered_source", "stage 1")) == (
+        "rule ordered_source: not applied (a step of stage 0 is not one-to-one)"
+    )
     assert got == {u: seen[-1] for u, seen in _expected(steps).items()}
 
 
