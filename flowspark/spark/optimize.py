@@ -257,7 +257,7 @@ def _column_key(w: _Work, sid: int) -> ColumnKey | str:
         elif not (
             o.kind == "pass" or (o.kind == "map" and o.keeps in (("items",) if column is None else ("items", "key")))
         ):
-            return f"step {o.step_id!r} may change the items before or after the key"
+            return f"step {o.step_id!r} is neither proven to keep the items nor a key_on proven to read a column"
         stream = o.downs[0]
     if column is None:
         return "no key_on is proven to read a column (row[column])"

@@ -73,8 +73,9 @@ def _run_both(spark, df, **kw):
 
 
 def test_plan_says_which_lowering_a_keyed_stage_gets():
-    native = compile_flow(build(SparkSource("parquet", "/x"), recognised, []))
-    python = compile_flow(build(SparkSource("parquet", "/x"), not_recognised, []))
+    env = Env("batch", columns={0: (("user", "string"), ("v", "bigint"))})
+    native = optimize(compile_flow(build(SparkSource("parquet", "/x"), recognised, [])), env)
+    python = optimize(compile_flow(build(SparkSource("parquet", "/x"), not_recognised, [])), env)
     assert native.stages[1].spec.column_key is not None
     assert python.stages[1].spec.column_key is None
     assert "Spark keys the rows" in native.render(describe_stage)

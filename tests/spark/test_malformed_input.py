@@ -205,7 +205,8 @@ def test_stream_dead_letter_at_the_driver_with_a_python_key_pass(spark, tmp_path
     )
     assert sr is not None
     assert str(sr.plan.decision("spark_keys", "stage 1")) == (
-        "rule spark_keys: not applied (no key_on is proven to read a column (row[column]))"
+        "rule spark_keys: not applied (step 'mal.key.flat_map_batch' is neither proven to keep the items nor a "
+        "key_on proven to read a column)"
     )
     assert sorted((r["user"], r["n"]) for r in out) == [("AMY", 1), ("BOB", 1)]
     assert [(d["step_id"], d["error_type"], d["error_message"], d["item"]) for d in dead] == [

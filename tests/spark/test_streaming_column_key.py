@@ -56,7 +56,7 @@ def test_spark_keys_a_file_stream_and_results_equal_in_memory(spark, tmp_path, l
     assert per_key(streamed) == per_key(local)
     assert len(streamed) == sum(1 for r in ROWS if r["n"] != 0)
     keyed = sr.plan.stages[1]
-    assert "(stage0's rows, numbered by an Arrow pass, or for a parquet file stream" in sr.lowering.stage(keyed)
+    assert "(stage0's rows, numbered by an Arrow pass) -> groupBy(pmod(hash(user), 64))" in sr.lowering.stage(keyed)
     assert "-> groupBy(pmod(hash(user), 64))" in sr.lowering.stage(keyed)
 
 

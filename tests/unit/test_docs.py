@@ -186,3 +186,13 @@ def test_python_examples_run(page):
     assert blocks
     for i, code in enumerate(blocks):
         exec(compile(code, f"{page} python block {i + 1}", "exec"), {"__name__": f"docs_{i}"})
+
+
+def test_the_rules_table_is_current():
+    """docs/architecture.md lists every optimizer rule as `describe_rules()` gives it."""
+    from flowspark.spark.optimize import RULES, describe_rules
+
+    text = (DOCS / "architecture.md").read_text()
+    table = text.split("<!-- rules table -->\n")[1].split("\n<!-- end rules table -->")[0]
+    assert table == describe_rules()
+    assert all(f"| `{r.name}` |" in table for r in RULES)
