@@ -27,7 +27,15 @@ from flowspark.errors import (
 )
 from flowspark.outputs import part_of
 from flowspark.spark.codec import decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
-from flowspark.spark.columns import ID_COLUMN, column_kinds, seq_column
+from flowspark.spark.columns import (
+    ID_COLUMN,
+    column_kinds,
+    driver_rows,
+    in_sequence,
+    port_rows,
+    stage_inputs,
+    union_all,
+)
 from flowspark.spark.inputs import load_rows
 from flowspark.spark.optimize import Env, optimize, rules_arg
 from flowspark.spark.outputs import infer_schema, write_rows
@@ -217,18 +225,12 @@ class _Job:
             self.dfs[sid] = df
 
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
-        from pyspark.sql import functions as F  # noqa: N812
-
-        df = self.dfs[stage].filter(F.col("p") == port)
-        return df.select(F.col("k"), seq_column(pad).alias("seq"), F.col("v"))
+        return port_rows(self.dfs[stage], port, pad)
 
     def stage_input(self, st: StagePlan) -> Any:
         if st.kind == "source":
             return self.source_df(st)
-        dfs = [self.port_df(s, p, pad) for s, p, pad in st.inputs]
-        df = dfs[0]
-        for other in dfs[1:]:
-            df = df.union(other)
+        df = stage_inputs(self.dfs, st.inputs)
         if st.kind == "keyed":
             df = df.repartition(self.partitions, "k").sortWithinPartitions("k", "seq")
         return df
@@ -321,9 +323,7 @@ class _Job:
         ]
         parts.extend(self.misfits)
         parts.extend(self.malformed)
-        df = parts[0]
-        for other in parts[1:]:
-            df = df.union(other)
+        df = union_all(parts)
         table = _action(df.toArrow)
         if table.num_rows:
             table = table.take(pc.sort_indices(table, sort_keys=[("seq", "ascending")]))
@@ -442,8 +442,6 @@ class _Job:
 
     def collect_driver(self) -> None:
         import pyarrow as pa
-        import pyarrow.compute as pc
-        from pyspark.sql import functions as F  # noqa: N812
 
         handlers: dict[tuple[int, int], list[tuple[str, Any]]] = {}
         for ins in self.plan.inspects:
@@ -455,20 +453,7 @@ class _Job:
             buffers[sk.step_id] = []
         if not handlers:
             return
-        by_stage: dict[int, list[int]] = {}
-        for s, p in handlers:
-            by_stage.setdefault(s, []).append(p)
-        parts = [
-            self.dfs[s].filter(F.col("p").isin(ps)).select(F.lit(s).alias("st"), "p", "seq", "v")
-            for s, ps in sorted(by_stage.items())
-        ]
-        df = parts[0]
-        for other in parts[1:]:
-            df = df.union(other)
-        table = _action(df.toArrow)
-        if table.num_rows:
-            order = pc.sort_indices(table, sort_keys=[("seq", "ascending"), ("st", "ascending"), ("p", "ascending")])
-            table = table.take(order)
+        table = in_sequence(_action(driver_rows(self.dfs, list(handlers)).toArrow))
         sts = table.column("st").to_pylist() if table.num_rows else []
         ps = table.column("p").to_pylist() if table.num_rows else []
         vs = table.column("v").to_pylist() if table.num_rows else []

@@ -11,7 +11,16 @@ from typing import Any
 
 from flowspark.runtime.driver import HEAD_LEN
 
-__all__ = ["ID_COLUMN", "column_kinds", "seq_column"]
+__all__ = [
+    "ID_COLUMN",
+    "column_kinds",
+    "driver_rows",
+    "in_sequence",
+    "port_rows",
+    "seq_column",
+    "stage_inputs",
+    "union_all",
+]
 
 #: The row number of a source Spark keys itself (what `monotonically_increasing_id()` gives).
 ID_COLUMN = "__flowspark_id"
@@ -55,3 +64,86 @@ def seq_column(pad: bytes) -> Any:
     head = F.expr(f"substring(seq, 1, {HEAD_LEN})")
     rest = F.expr(f"substring(seq, {HEAD_LEN + 1}, 1073741824)")
     return F.concat(head, F.lit(pad[:4]), rest, F.lit(pad[4:]))
+
+
+def port_rows(stage_df: Any, port: int, pad: bytes = b"") -> Any:
+    """The `(k, seq, v)` rows of one port of a stage's `(p, k, seq, v)` DataFrame, with a merge's `pad` applied.
+
+    Args:
+        stage_df: The stage's output DataFrame.
+        port: The port.
+        pad: As in `seq_column`.
+
+    Returns:
+        The DataFrame.
+    """
+    from pyspark.sql import functions as F  # noqa: N812
+
+    return stage_df.filter(F.col("p") == port).select(F.col("k"), seq_column(pad).alias("seq"), F.col("v"))
+
+
+def stage_inputs(dfs: Any, inputs: Any) -> Any:
+    """The union of the ports a map or keyed stage reads (`StagePlan.inputs`), from the stages' DataFrames.
+
+    Args:
+        dfs: Stage id -> that stage's output DataFrame.
+        inputs: `(stage id, port, pad)` triples.
+
+    Returns:
+        The DataFrame.
+    """
+    return union_all([port_rows(dfs[s], p, pad) for s, p, pad in inputs])
+
+
+def union_all(dfs: Any) -> Any:
+    """The union (by position) of one or more DataFrames of the same columns.
+
+    Args:
+        dfs: The DataFrames.
+
+    Returns:
+        The DataFrame.
+    """
+    out = dfs[0]
+    for other in dfs[1:]:
+        out = out.union(other)
+    return out
+
+
+def driver_rows(dfs: Any, ports: Any) -> Any:
+    """The `(st, p, seq, v)` rows of the ports read at the driver, one read of each stage's DataFrame.
+
+    Args:
+        dfs: Stage id -> that stage's output DataFrame.
+        ports: `(stage id, port)` pairs.
+
+    Returns:
+        The DataFrame (`st`: the stage id).
+    """
+    from pyspark.sql import functions as F  # noqa: N812
+
+    by_stage: dict[int, list[int]] = {}
+    for s, p in ports:
+        by_stage.setdefault(s, []).append(p)
+    return union_all(
+        [
+            dfs[s].filter(F.col("p").isin(ps)).select(F.lit(s).alias("st"), "p", "seq", "v")
+            for s, ps in sorted(by_stage.items())
+        ]
+    )
+
+
+def in_sequence(table: Any) -> Any:
+    """An Arrow table of `driver_rows` in the order the driver hands items over: by sequence, stage, port.
+
+    Args:
+        table: The table.
+
+    Returns:
+        The sorted table.
+    """
+    import pyarrow.compute as pc
+
+    if not table.num_rows:
+        return table
+    return table.take(pc.sort_indices(table, sort_keys=[("seq", "ascending"), ("st", "ascending"), ("p", "ascending")]))

@@ -22,7 +22,7 @@ from flowspark.errors import (
 )
 from flowspark.outputs import route_to_parts
 from flowspark.spark.codec import decode_task_error, loads
-from flowspark.spark.columns import ID_COLUMN, column_kinds, seq_column
+from flowspark.spark.columns import ID_COLUMN, column_kinds, driver_rows, in_sequence, port_rows, stage_inputs
 from flowspark.spark.inputs import SparkSource, load_rows
 from flowspark.spark.optimize import Env, optimize, shape_choices
 from flowspark.spark.outputs import SparkSink, infer_schema, write_rows
@@ -128,10 +128,7 @@ class StreamingRun:
     # -- building ---------------------------------------------------------------
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
         """Return the `(k, seq, v)` rows of one port of a stage (with a merge's `pad` applied to `seq`)."""
-        from pyspark.sql import functions as F  # noqa: N812
-
-        df = self.dfs[stage].filter(F.col("p") == port)
-        return df.select(F.col("k"), seq_column(pad).alias("seq"), F.col("v"))
+        return port_rows(self.dfs[stage], port, pad)
 
     def source_df(self, st: StagePlan, order: bool = False) -> Any:
         """Return the streaming DataFrame a source stage reads (`order`: see `_ordered_sources`)."""
@@ -423,10 +420,7 @@ class StreamingRun:
             elif st.kind == "source":
                 df = self._source_rows(st, "ordered_source" in spec.modes)
             else:
-                ins = [self.port_df(s, p, pad) for s, p, pad in st.inputs]
-                df = ins[0]
-                for other in ins[1:]:
-                    df = df.union(other)
+                df = stage_inputs(self.dfs, st.inputs)
                 if st.kind == "keyed":
                     if self.timers:
                         df = df.union(self._ticks(["k", "seq", "v"]))
@@ -572,16 +566,7 @@ class StreamingRun:
                 (p / ROUTE).cast("int").alias("st"), (p % ROUTE).cast("int").alias("p"), "seq", "v"
             )
         else:
-            # One read of each stage's DataFrame, whatever number of its ports the writer takes.
-            parts = [
-                self.dfs[s]
-                .filter(F.col("p").isin([q for t, q in ports if t == s]))
-                .select(F.lit(s).alias("st"), "p", "seq", "v")
-                for s in sorted({s for s, _q in ports})
-            ]
-            out = parts[0]
-            for other in parts[1:]:
-                out = out.union(other)
+            out = driver_rows(self.dfs, ports)
         self._open_sinks()
         if self.plan.dead_letter is not None and self.dead_dir is None:
             from flowspark.deadletter import dead_letter_step
@@ -635,11 +620,7 @@ class StreamingRun:
 
     def _deliver(self, table: Any, batch_id: int) -> None:
         """Hand one micro-batch's `(st, p, seq, v)` rows to the sinks, `inspect` and the dead letter, in order."""
-        import pyarrow.compute as pc
-
-        if table.num_rows:
-            order = pc.sort_indices(table, sort_keys=[("seq", "ascending"), ("st", "ascending"), ("p", "ascending")])
-            table = table.take(order)
+        table = in_sequence(table)
         sts = table.column("st").to_pylist()
         ps = table.column("p").to_pylist()
         vs = table.column("v").to_pylist()
