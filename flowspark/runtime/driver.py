@@ -651,6 +651,9 @@ class StepDriver:
         Returns:
             `(emits as (tag, value) pairs in order, logic or None)`.
         """
+        # A logic built for these values was never asked for a notification yet (every runtime
+        # reads `notify_at()` after values): its first activation fires none.
+        fresh = logic is None
         if items and logic is None:
             logic = self.build(key)
         # Emits sort by (activation, key, then as their values): see `regroup`.
@@ -671,10 +674,13 @@ class StepDriver:
             chunk = items[start:end]
             start = end
             if logic is None:
-                logic = self.build(key)
-            logic, ws = self.fire_due(key, logic, now)
+                logic, fresh = self.build(key), True
+            ws: list[Any] = []
+            if not fresh:
+                logic, ws = self.fire_due(key, logic, now)
             if logic is None:
                 logic = self.build(key)
+            fresh = False
             more, discard = self.feed(key, logic, [v for _, v in chunk])
             ws.extend(more)
             if ws:

@@ -667,3 +667,45 @@ def test_port_rows_check_keys_column_wise_and_name_the_first_bad_item():
             run_stage_rows(spec, [(source_seq(0, 0, 0), ("ok", 1)), (source_seq(0, 0, 1), bad)])
         assert info.value.step_id == "f.st"
         assert repr(bad) in str(info.value)
+
+
+class _AlwaysPast(StatefulLogic):
+    """Every call asks for a notification at a time long past."""
+
+    def on_item(self, value):
+        return [("item", value)], False
+
+    def on_notify(self):
+        return [("notify",)], False
+
+    def on_eof(self):
+        return [("eof",)], True
+
+    def notify_at(self):
+        return datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+    def snapshot(self):
+        return None
+
+
+def test_a_new_logic_is_not_notified_before_its_first_value():
+    """No runtime reads `notify_at()` before a logic's first values: the first activation fires nothing first."""
+    from flowspark.runtime.driver import StepDriver
+    from flowspark.testing import run_main
+
+    driver = StepDriver("f.st", stateful_builder(lambda _resume: _AlwaysPast()))
+    one = [(source_seq(0, 0, 0, i), i) for i in range(3)]  # one activation
+    emits, _ = driver.drive("a", one, None, T0, True)
+    assert [w for _t, w in emits] == [("item", 0), ("item", 1), ("item", 2), ("notify",), ("eof",)]
+    three = [(source_seq(0, 0, i), i) for i in range(3)]  # three activations of one value
+    emits, _ = driver.drive("a", three, None, T0, True)
+    want = [("item", 0), ("notify",), ("item", 1), ("notify",), ("item", 2), ("notify",), ("eof",)]
+    assert [w for _t, w in emits] == want
+    # The in-memory executor on the fixed clock follows the same timeline.
+    for batch_size, got_want in ((1, want), (3, [("item", 0), ("item", 1), ("item", 2), ("notify",), ("eof",)])):
+        out: list = []
+        flow = Dataflow("f")
+        s = op.input("inp", flow, TestingSource([("a", i) for i in range(3)], batch_size=batch_size))
+        op.output("out", op.stateful("st", s, lambda _r: _AlwaysPast()), TestingSink(out))
+        run_main(flow, clock="fixed")
+        assert [w for _k, w in out] == got_want
