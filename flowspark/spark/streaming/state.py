@@ -38,6 +38,7 @@ from flowspark.errors import FlowsparkRuntimeError
 from flowspark.runtime.driver import drive_chain, drive_states, idx
 from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.columns import ID_COLUMN
+from flowspark.spark.ops import one_to_one_line, stage_streams, through
 from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.routing import Route, forward_frame
 from flowspark.spark.worker import (
@@ -45,11 +46,8 @@ from flowspark.spark.worker import (
     dead_rows,
     dict_rows,
     no_gc,
-    one_to_one_line,
     run_stage_rows,
     stage_drivers,
-    stage_streams,
-    through,
 )
 
 # pyspark's applyInPandasWithState frames a call's output with `pd.concat` over frames that
@@ -635,7 +633,7 @@ class BucketDriver:
     ) -> list[tuple[str, list[Any]]]:
         """The per-key runs of a bucket's source rows keyed by Spark (see `column_key`).
 
-        `dead` as in `_apply_ops`; `values_only` as in `column_key_runs`.
+        `dead` as in `flowspark.spark.ops.apply_ops`; `values_only` as in `column_key_runs`.
         """
         import pandas as pd
         import pyarrow as pa
