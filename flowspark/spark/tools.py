@@ -395,7 +395,7 @@ def _key_layout_state(reader: Any, path: str) -> dict[str, Any]:
     """`{key: entry}` of a key-layout checkpoint: the per-key `MapState` rows, then the buckets' hot tiers (newer)."""
     import pickle
 
-    from flowspark.spark.streaming.state import ENTRIES, META
+    from flowspark.spark.streaming.keylayout import ENTRIES, META
 
     table: dict[str, Any] = {}
     for row in reader.option("stateVarName", ENTRIES[0]).load(path).collect():
