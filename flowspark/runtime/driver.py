@@ -530,12 +530,7 @@ class StepDriver:
             i = j
             touched[key] = None
             if now is not None:
-                tagged, live = self.drive(key, [(b"", v) for v in values], logics.get(key), now, False)
-                out.extend([(key, w) for _tag, w in tagged])
-                if live is None:
-                    logics.pop(key, None)
-                else:
-                    logics[key] = live
+                self._drive_run(logics, key, values, out, now)
                 continue
             logic = logics.get(key)
             if logic is None:
@@ -562,6 +557,15 @@ class StepDriver:
                     out_ends.append(len(out))
             if discard:
                 del logics[key]
+
+    def _drive_run(self, logics: dict[str, Any], key: str, values: list[Any], out: list[Any], now: datetime) -> None:
+        """`feed_runs`' run of a key at a fixed `now`: through `drive` (due notifications fire between its values)."""
+        tagged, live = self.drive(key, [(b"", v) for v in values], logics.get(key), now, False)
+        out.extend([(key, w) for _tag, w in tagged])
+        if live is None:
+            logics.pop(key, None)
+        else:
+            logics[key] = live
 
     def check_item(self, kv: Any) -> None:
         """Raise for an item that is not `(str, value)`; subclasses (namedtuples, str enums) pass.

@@ -49,6 +49,7 @@ import cloudpickle
 
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkRuntimeTypeError, malformed_input_error
 from flowspark.runtime.driver import EOF_BASE, EOF_HEADER, HEAD_LEN, SOURCE_LEN, idx
+from flowspark.spark.compat import rebuilt_by_value
 
 __all__ = [
     "EOF_BASE",
@@ -353,11 +354,7 @@ def _cloudpicklers(cls: type) -> list[Any]:
 
     # cloudpickle's table of the classes it rebuilt by value, with the ids they came with (private; if a
     # version lacks it, pyspark's goes first and such a class may come back as an equal copy).
-    def tracks(cp: Any) -> bool:
-        table = getattr(sys.modules.get(cp.__name__ + ".cloudpickle"), "_DYNAMIC_CLASS_TRACKER_BY_CLASS", {})
-        return cls in table
-
-    return sorted([spark_cloudpickle, cloudpickle], key=lambda cp: not tracks(cp))
+    return sorted([spark_cloudpickle, cloudpickle], key=lambda cp: not rebuilt_by_value(cp, cls))
 
 
 def encode_task_error(fail: FlowsparkRuntimeError) -> str:

@@ -140,29 +140,42 @@ def compile_flow(graph: Any) -> Plan:
         sink eg.out: TestingSink (driver) <- stage0.port0
     """
     graph = as_graph(graph)
-    consumers = graph.consumers()
-    producers = graph.producers()
-    stages: list[_Builder] = []
-    loc: dict[str, _Builder] = {}
-    depth: dict[str, int] = {}
-    level: dict[str, int] = {}  # stateful steps on the longest path from a source
-    sinks: list[tuple[str, Any, str, str]] = []
-    inspects: list[tuple[str, Any, str]] = []
-    n_inputs = 0
+    c = _Compiler(graph)
+    for node in ir.walk(graph):
+        c.step(node)
+    return c.plan()
 
-    def port(stream: str, key_for: Optional[str] = None) -> None:
-        b = loc[stream]
+
+class _Compiler:
+    """`compile_flow`'s state while it walks the graph: the stages built so far and where each stream is."""
+
+    def __init__(self, graph: ir.Graph) -> None:
+        self.graph = graph
+        self.consumers = graph.consumers()
+        self.producers = graph.producers()
+        self.stages: list[_Builder] = []
+        self.loc: dict[str, _Builder] = {}
+        self.depth: dict[str, int] = {}
+        self.level: dict[str, int] = {}  # stateful steps on the longest path from a source
+        self.sinks: list[tuple[str, Any, str, str]] = []
+        self.inspects: list[tuple[str, Any, str]] = []
+        self.n_inputs = 0
+
+    def port(self, stream: str, key_for: Optional[str] = None) -> None:
+        b = self.loc[stream]
         if stream not in b.ports:
             b.ports.append(stream)
         if key_for is not None and stream not in b.key_for:
             b.key_for[stream] = key_for
 
-    def new_stage(kind: str, source: str, entry: str) -> _Builder:
-        b = _Builder(len(stages), kind, source, entry)
-        stages.append(b)
+    def new_stage(self, kind: str, source: str, entry: str) -> _Builder:
+        b = _Builder(len(self.stages), kind, source, entry)
+        self.stages.append(b)
         return b
 
-    for node in ir.walk(graph):
+    def step(self, node: Any) -> None:
+        """Add one core step (in graph order): the one dispatch on the core step's type."""
+        level = self.level
         up_level = max((level[u] for u in node.ups), default=0)
         for d in node.downs:
             level[d] = up_level + (1 if isinstance(node, ir.StatefulBatch) else 0)
@@ -170,152 +183,181 @@ def compile_flow(graph: Any) -> Plan:
             level[f"{node.step_id}.__inspected__"] = up_level
         match node:
             case ir.Input():
-                kind = _source_kind(node)
-                b = new_stage("source", kind, node.down)
-                b.source_obj = node.source
-                b.source_step = node.step_id
-                b.source_index = n_inputs
-                b.bounded = _bounded(node)
-                n_inputs += 1
-                b.steps.append(node.step_id)
-                loc[node.down] = b
-                depth[node.down] = SOURCE_LEN
+                self.input(node)
             case ir.FlatMapBatch():
-                _check_pickle(node.step_id, "mapper", node.mapper)
-                b = loc[node.up]
-                one = node.one_to_one
-                b.ops.append(
-                    Op(
-                        "map",
-                        node.step_id,
-                        (node.up,),
-                        (node.down,),
-                        node.mapper,
-                        one_to_one=one,
-                        keeps=node.keeps,
-                        key_column=node.key_column,
-                        value_fn=node.value_mapper,
-                        value_column=node.value_column,
-                    )
-                )
-                b.steps.append(node.step_id)
-                loc[node.down] = b
-                depth[node.down] = depth[node.up] + (0 if one else _COMPONENT_LEN)
+                self.flat_map_batch(node)
             case ir.Branch():
-                _check_pickle(node.step_id, "predicate", node.predicate)
-                b = loc[node.up]
-                b.ops.append(Op("branch", node.step_id, (node.up,), (node.trues, node.falses), node.predicate))
-                b.steps.append(node.step_id)
-                for d in node.downs:
-                    loc[d] = b
-                    depth[d] = depth[node.up]
+                self.branch(node)
             case ir.InspectDebug():
-                b = loc[node.up]
-                side = f"{node.step_id}.__inspected__"
-                b.ops.append(Op("inspect", node.step_id, (node.up,), (node.down, side)))
-                b.steps.append(node.step_id)
-                for d in (node.down, side):
-                    loc[d] = b
-                    depth[d] = depth[node.up]
-                port(side)
-                inspects.append((node.step_id, node.inspector, side))
+                self.inspect_debug(node)
             case ir.Redistribute():
-                b = loc[node.up]
-                b.ops.append(Op("pass", node.step_id, (node.up,), (node.down,)))
-                b.steps.append(node.step_id)
-                loc[node.down] = b
-                depth[node.down] = depth[node.up]
+                self.redistribute(node)
             case ir.Merge():
-                ups = node.ups
-                maxd = max(depth[u] for u in ups)
-                pads = tuple(idx(i) + b"\0" * (maxd - depth[u]) for i, u in enumerate(ups))
-                homes = {loc[u].stage_id for u in ups}
-                if len(homes) == 1:
-                    b = loc[ups[0]]
-                    b.ops.append(Op("merge", node.step_id, tuple(ups), (node.down,), None, pads))
-                else:
-                    b = new_stage("map", "rows", node.down)
-                    for u, pad in zip(ups, pads, strict=True):
-                        port(u)
-                        b.inputs.append((u, pad))
-                b.steps.append(node.step_id)
-                loc[node.down] = b
-                depth[node.down] = maxd + _COMPONENT_LEN
+                self.merge(node)
             case ir.StatefulBatch():
-                _check_pickle(node.step_id, "builder", node.builder)
-                up = node.up
-                prod = producers.get(up)
-                home = loc[up]
-                if (
-                    isinstance(prod, ir.StatefulBatch)
-                    and home.kind == "keyed"
-                    and home.entry == up
-                    and home.chain
-                    and home.chain[-1].step_id == prod.step_id
-                    and not home.ops
-                    and len(consumers.get(up, [])) == 1
-                ):
-                    b = home
-                else:
-                    port(up, key_for=node.step_id)
-                    b = new_stage("keyed", "rows", node.down)
-                    b.inputs.append((up, b""))
-                    b.depth_in = depth[up]
-                b.chain.append(
-                    KeyedStep(
-                        node.step_id,
-                        node.builder,
-                        level[node.down],
-                        node.notifies,
-                        eof_only=node.eof_only,
-                        batch_fn=node.batch_fn,
-                    )
-                )
-                b.entry = node.down
-                b.steps.append(node.step_id)
-                loc[node.down] = b
-                depth[node.down] = depth[up] + _COMPONENT_LEN
+                self.stateful_batch(node)
             case ir.Output():
-                where = _sink_where(node)
-                port(node.up)
-                sinks.append((node.step_id, node.sink, where, node.up))
+                self.output(node)
             case _:
                 sid = getattr(node, "step_id", node)
                 msg = f"step {sid!r}: the Spark runtime has no core step {type(node).__name__}"
                 raise FlowsparkCompileError(msg)
 
-    def ref(stream: str) -> tuple[int, int]:
-        b = loc[stream]
+    def input(self, node: ir.Input) -> None:
+        kind = _source_kind(node)
+        b = self.new_stage("source", kind, node.down)
+        b.source_obj = node.source
+        b.source_step = node.step_id
+        b.source_index = self.n_inputs
+        b.bounded = _bounded(node)
+        self.n_inputs += 1
+        b.steps.append(node.step_id)
+        self.loc[node.down] = b
+        self.depth[node.down] = SOURCE_LEN
+
+    def flat_map_batch(self, node: ir.FlatMapBatch) -> None:
+        _check_pickle(node.step_id, "mapper", node.mapper)
+        b = self.loc[node.up]
+        one = node.one_to_one
+        b.ops.append(
+            Op(
+                "map",
+                node.step_id,
+                (node.up,),
+                (node.down,),
+                node.mapper,
+                one_to_one=one,
+                keeps=node.keeps,
+                key_column=node.key_column,
+                value_fn=node.value_mapper,
+                value_column=node.value_column,
+            )
+        )
+        b.steps.append(node.step_id)
+        self.loc[node.down] = b
+        self.depth[node.down] = self.depth[node.up] + (0 if one else _COMPONENT_LEN)
+
+    def branch(self, node: ir.Branch) -> None:
+        _check_pickle(node.step_id, "predicate", node.predicate)
+        b = self.loc[node.up]
+        b.ops.append(Op("branch", node.step_id, (node.up,), (node.trues, node.falses), node.predicate))
+        b.steps.append(node.step_id)
+        for d in node.downs:
+            self.loc[d] = b
+            self.depth[d] = self.depth[node.up]
+
+    def inspect_debug(self, node: ir.InspectDebug) -> None:
+        b = self.loc[node.up]
+        side = f"{node.step_id}.__inspected__"
+        b.ops.append(Op("inspect", node.step_id, (node.up,), (node.down, side)))
+        b.steps.append(node.step_id)
+        for d in (node.down, side):
+            self.loc[d] = b
+            self.depth[d] = self.depth[node.up]
+        self.port(side)
+        self.inspects.append((node.step_id, node.inspector, side))
+
+    def redistribute(self, node: ir.Redistribute) -> None:
+        b = self.loc[node.up]
+        b.ops.append(Op("pass", node.step_id, (node.up,), (node.down,)))
+        b.steps.append(node.step_id)
+        self.loc[node.down] = b
+        self.depth[node.down] = self.depth[node.up]
+
+    def merge(self, node: ir.Merge) -> None:
+        loc, depth = self.loc, self.depth
+        ups = node.ups
+        maxd = max(depth[u] for u in ups)
+        pads = tuple(idx(i) + b"\0" * (maxd - depth[u]) for i, u in enumerate(ups))
+        homes = {loc[u].stage_id for u in ups}
+        if len(homes) == 1:
+            b = loc[ups[0]]
+            b.ops.append(Op("merge", node.step_id, tuple(ups), (node.down,), None, pads))
+        else:
+            b = self.new_stage("map", "rows", node.down)
+            for u, pad in zip(ups, pads, strict=True):
+                self.port(u)
+                b.inputs.append((u, pad))
+        b.steps.append(node.step_id)
+        loc[node.down] = b
+        depth[node.down] = maxd + _COMPONENT_LEN
+
+    def stateful_batch(self, node: ir.StatefulBatch) -> None:
+        _check_pickle(node.step_id, "builder", node.builder)
+        up = node.up
+        prod = self.producers.get(up)
+        home = self.loc[up]
+        if (
+            isinstance(prod, ir.StatefulBatch)
+            and home.kind == "keyed"
+            and home.entry == up
+            and home.chain
+            and home.chain[-1].step_id == prod.step_id
+            and not home.ops
+            and len(self.consumers.get(up, [])) == 1
+        ):
+            b = home
+        else:
+            self.port(up, key_for=node.step_id)
+            b = self.new_stage("keyed", "rows", node.down)
+            b.inputs.append((up, b""))
+            b.depth_in = self.depth[up]
+        b.chain.append(
+            KeyedStep(
+                node.step_id,
+                node.builder,
+                self.level[node.down],
+                node.notifies,
+                eof_only=node.eof_only,
+                batch_fn=node.batch_fn,
+            )
+        )
+        b.entry = node.down
+        b.steps.append(node.step_id)
+        self.loc[node.down] = b
+        self.depth[node.down] = self.depth[up] + _COMPONENT_LEN
+
+    def output(self, node: ir.Output) -> None:
+        where = _sink_where(node)
+        self.port(node.up)
+        self.sinks.append((node.step_id, node.sink, where, node.up))
+
+    def ref(self, stream: str) -> tuple[int, int]:
+        b = self.loc[stream]
         return (b.stage_id, b.ports.index(stream))
 
-    def chain_of(b: _Builder) -> tuple[KeyedStep, ...]:
-        # Inside a chain the next step has the same key, so only the last step's emits may need
-        # the key in their sequences (see `KeyedStep.regroup`; the rule `unordered_emits`).
-        last = len(b.chain) - 1
-        return tuple(replace(ks, regroup=i == last) for i, ks in enumerate(b.chain))
-
-    plans: list[StagePlan] = []
-    for b in stages:
-        spec = StageSpec(
-            stage_id=b.stage_id,
-            source=b.source,
-            entry=b.entry,
-            chain=chain_of(b),
-            ops=tuple(b.ops),
-            ports=tuple(Port(s, b.key_for.get(s)) for s in b.ports),
-            source_step=b.source_step,
-            source_index=b.source_index,
-            depth_in=b.depth_in,
-            per_batch=b.source_obj.driver_batch_size() if b.source == "chunks" else 1,
+    def plan(self) -> Plan:
+        """The plan of every step added."""
+        ref = self.ref
+        plans: list[StagePlan] = []
+        for b in self.stages:
+            spec = StageSpec(
+                stage_id=b.stage_id,
+                source=b.source,
+                entry=b.entry,
+                chain=_chain_of(b),
+                ops=tuple(b.ops),
+                ports=tuple(Port(s, b.key_for.get(s)) for s in b.ports),
+                source_step=b.source_step,
+                source_index=b.source_index,
+                depth_in=b.depth_in,
+                per_batch=b.source_obj.driver_batch_size() if b.source == "chunks" else 1,
+            )
+            inputs = tuple((*ref(u), pad) for u, pad in b.inputs)
+            plans.append(StagePlan(spec, b.kind, inputs, tuple(b.steps), b.source_obj, b.bounded))
+        return Plan(
+            flow_id=self.graph.flow_id,
+            stages=tuple(plans),
+            sinks=tuple(SinkPlan(sid, sink, where, ref(up)) for sid, sink, where, up in self.sinks),
+            inspects=tuple(InspectPlan(sid, fn, ref(side), i) for i, (sid, fn, side) in enumerate(self.inspects)),
         )
-        inputs = tuple((*ref(u), pad) for u, pad in b.inputs)
-        plans.append(StagePlan(spec, b.kind, inputs, tuple(b.steps), b.source_obj, b.bounded))
-    return Plan(
-        flow_id=graph.flow_id,
-        stages=tuple(plans),
-        sinks=tuple(SinkPlan(sid, sink, where, ref(up)) for sid, sink, where, up in sinks),
-        inspects=tuple(InspectPlan(sid, fn, ref(side), i) for i, (sid, fn, side) in enumerate(inspects)),
-    )
+
+
+def _chain_of(b: _Builder) -> tuple[KeyedStep, ...]:
+    # Inside a chain the next step has the same key, so only the last step's emits may need
+    # the key in their sequences (see `KeyedStep.regroup`; the rule `unordered_emits`).
+    last = len(b.chain) - 1
+    return tuple(replace(ks, regroup=i == last) for i, ks in enumerate(b.chain))
 
 
 def as_graph(flow: Any) -> ir.Graph:

@@ -21,13 +21,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
+from flowspark.spark.compat import explain_string, stage_list
 from flowspark.spark.session import MasterUnreachableError, check_master, open_session, quiet_logs
 
 __all__ = [
     "MasterUnreachableError",
     "Progress",
     "check_master",
-    "explain_string",
     "open_session",
     "physical_plans",
     "quiet_logs",
@@ -65,16 +65,6 @@ def physical_plans(
     physical = job.optimize(rules_arg(rules, "flowspark plan"))
     job.build(persist=False)
     return physical, [(sid, explain_string(spark, df, mode)) for sid, df in sorted(job.dfs.items())]
-
-
-def explain_string(spark: Any, df: Any, mode: str) -> str:
-    """Spark's `explain(mode)` text of `df` as a string, on a classic or a Spark Connect session."""
-    from flowspark.spark.session import is_connect
-
-    if is_connect(spark):
-        return str(df._explain_string(mode=mode)).rstrip()
-    jvm = spark.sparkContext._jvm
-    return str(jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), mode)).rstrip()
 
 
 def _fmt(n: int) -> str:
@@ -148,12 +138,7 @@ class Progress:
         return counts
 
     def _stages(self) -> list[Any]:
-        sc = self.spark.sparkContext
-        store = sc._jsc.sc().statusStore()
-        seq = store.stageList(
-            None, False, False, sc._gateway.new_array(sc._jvm.double, 0), sc._jvm.java.util.ArrayList()
-        )
-        return [seq.apply(i) for i in range(seq.size())]
+        return stage_list(self.spark)
 
     def snapshot(self) -> dict[str, int]:
         """Count stages, tasks and rows of the stages started since the reporter began.
@@ -395,7 +380,7 @@ def _key_layout_state(reader: Any, path: str) -> dict[str, Any]:
     """`{key: entry}` of a key-layout checkpoint: the per-key `MapState` rows, then the buckets' hot tiers (newer)."""
     import pickle
 
-    from flowspark.spark.streaming.state import ENTRIES, META
+    from flowspark.spark.streaming.keylayout import ENTRIES, META
 
     table: dict[str, Any] = {}
     for row in reader.option("stateVarName", ENTRIES[0]).load(path).collect():

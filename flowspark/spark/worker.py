@@ -2,7 +2,7 @@
 
 A stage (`flowspark.spark.plan.StageSpec`) is one Python pass: items enter
 (driver chunks, source partitions, Spark rows, or rows of earlier stages),
-stateless ops run over `(sequence, item)` lists, a keyed stage drives its chain
+stateless ops run over `(sequence, item)` lists (`flowspark.spark.ops`), a keyed stage drives its chain
 key by key through the per-key driver (`flowspark.runtime.driver`), and the
 stage's ports leave as Arrow rows `(p, k, seq, v)`. Plain Python over lists and
 bytes (pyarrow only at the edges), so the batch job and the streaming query run
@@ -19,13 +19,11 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from flowspark._checks import all_pairs, check_bool
 from flowspark._time import use_clock
 from flowspark.deadletter import record as dead_record
-from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, routing_error, step_error
-from flowspark.runtime.driver import NOT_FOUND, StepDriver, bad_item_error, drive_chain, failing_item, idx
+from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
+from flowspark.runtime.driver import StepDriver, drive_chain
 from flowspark.spark.codec import (
-    apply_pad,
     dumps,
     dumps_all,
     encode_task_error,
@@ -35,14 +33,11 @@ from flowspark.spark.codec import (
     read_head,
     source_items,
 )
+from flowspark.spark.ops import Dead, apply_ops, checked_keys, one_to_one_line, screen_keyed, stage_streams, through
 from flowspark.spark.plan import DEAD_PORT, Op, StageSpec
 
 if TYPE_CHECKING:
     from flowspark.spark.rows import RowSchema
-
-#: Where a stage's dead-letter entries go: `None` (no dead letter: refused items fail the
-#: stage) or a list receiving `(seq, record)` pairs (`flowspark.deadletter.record`).
-Dead = Optional[list[tuple[bytes, Any]]]
 
 __all__ = [
     "stage_drivers",
@@ -51,11 +46,8 @@ __all__ = [
     "dict_rows",
     "no_gc",
     "not_dict_error",
-    "one_to_one_line",
     "run_stage_rows",
     "stage_function",
-    "stage_streams",
-    "through",
 ]
 
 
@@ -76,7 +68,6 @@ def stage_drivers(spec: StageSpec) -> tuple[StepDriver, ...]:
 
 _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
-_IDX0 = idx(0)
 
 
 def _fail(step_id: str, error: BaseException) -> FlowsparkRuntimeError:
@@ -128,144 +119,6 @@ def _runs(columns: Iterator[tuple[Any, Optional[list[bytes]], list[Any]]]) -> It
         yield cur_key, buf
 
 
-def _apply_ops(ops: tuple[Op, ...], streams: dict[str, list[tuple[bytes, Any]]], dead: Dead = None) -> None:
-    """Run the stateless ops over `streams` (stream id -> [(seq, item)]), in place.
-
-    With `dead` (a list), an item a mapper or predicate fails on goes there as
-    `(seq, record)` (`flowspark.deadletter.record`) instead of failing the stage.
-    """
-    empty: list[tuple[bytes, Any]] = []
-    for op in ops:
-        kind = op.kind
-        if kind == "merge":
-            out: list[tuple[bytes, Any]] = []
-            for up, pad in zip(op.ups, op.pads, strict=True):
-                out.extend([(apply_pad(s, pad), x) for s, x in streams.get(up, empty)])
-            streams[op.downs[0]] = out
-            continue
-        ins = streams.get(op.ups[0], empty)
-        if kind == "map":
-            fn = op.fn
-            assert fn is not None
-            out = []
-            if op.one_to_one and ins:
-                xs = [x for _, x in ins]
-                try:
-                    res = fn(xs)
-                except Exception as e:
-                    if dead is not None:
-                        streams[op.downs[0]] = _each_one_to_one(op, ins, dead)
-                        continue
-                    bad = failing_item(fn, xs)
-                    raise (_fail(op.step_id, e) if bad is NOT_FOUND else step_error(op.step_id, e, item=bad)) from e
-                if type(res) is list and len(res) == len(ins):
-                    # One output per input: it keeps its input's sequence (the compiler
-                    # adds no component for these steps).
-                    streams[op.downs[0]] = list(zip([sx[0] for sx in ins], res, strict=True))
-                    continue
-                msg = f"step {op.step_id!r}: a one-to-one mapper returned {len(res)} items for {len(ins)} inputs"
-                raise _fail(op.step_id, FlowsparkTypeError(msg))
-            for s, x in ins:
-                try:
-                    res = fn([x])
-                    if type(res) is list and len(res) == 1:
-                        out.append((s + _IDX0, res[0]))
-                        continue
-                    ys = list(_iterable(op.step_id, res))
-                except Exception as e:
-                    if dead is None:
-                        raise step_error(op.step_id, e, item=x) from e
-                    dead.append((s, dead_record(op.step_id, e, x)))
-                    continue
-                out.extend([(s + idx(j), y) for j, y in enumerate(ys)])
-            streams[op.downs[0]] = out
-        elif kind == "branch":
-            pred = op.fn
-            assert pred is not None
-            trues: list[tuple[bytes, Any]] = []
-            falses: list[tuple[bytes, Any]] = []
-            for sx in ins:
-                try:
-                    r = pred(sx[1])
-                    if r is not True and r is not False:
-                        check_bool(op.step_id, "branch predicate", sx[1], r)
-                except Exception as e:
-                    if dead is None:
-                        raise step_error(op.step_id, e, item=sx[1]) from e
-                    dead.append((sx[0], dead_record(op.step_id, e, sx[1])))
-                    continue
-                (trues if r else falses).append(sx)
-            streams[op.downs[0]] = trues
-            streams[op.downs[1]] = falses
-        else:  # inspect (downs: passthrough, side copy) and pass (redistribute)
-            for d in op.downs:
-                streams[d] = ins
-
-
-def _iterable(step_id: str, res: Any) -> Any:
-    """`res` if it is iterable, else the error a mapper returning it gets."""
-    try:
-        iter(res)
-    except TypeError:
-        msg = f"step {step_id!r}: the mapper must return an iterable; returned {res!r} of type {type(res).__name__}"
-        raise FlowsparkTypeError(msg) from None
-    return res
-
-
-def _each_one_to_one(op: Op, ins: list[tuple[bytes, Any]], dead: list[Any]) -> list[tuple[bytes, Any]]:
-    """A one-to-one mapper over each item alone (its batch failed): failing items go to `dead`.
-
-    Each output keeps its input's sequence, as on the batch path.
-    """
-    fn = op.fn
-    assert fn is not None
-    out: list[tuple[bytes, Any]] = []
-    for s, x in ins:
-        try:
-            res = fn([x])
-            ys = res if type(res) is list else list(_iterable(op.step_id, res))
-            if len(ys) != 1:
-                msg = f"step {op.step_id!r}: a one-to-one mapper returned {len(ys)} items for one input"
-                raise FlowsparkTypeError(msg)
-        except Exception as e:  # noqa: BLE001
-            dead.append((s, dead_record(op.step_id, e, x)))
-            continue
-        out.append((s, ys[0]))
-    return out
-
-
-def _screen_keyed(step_id: str, items: list[tuple[bytes, Any]], dead: list[Any]) -> list[tuple[bytes, Any]]:
-    """The `(seq, item)` pairs entering stateful step `step_id` that are `(str, value)`; the others go to `dead`."""
-    xs = list(map(_second, items))
-    if all_pairs(xs) and set(map(type, map(_first, xs))) == {str}:
-        return items
-    kept = []
-    for sx in items:
-        kv = sx[1]
-        if isinstance(kv, tuple) and len(kv) == 2 and isinstance(kv[0], str):
-            kept.append(sx)
-        else:
-            dead.append((sx[0], dead_record(step_id, bad_item_error(step_id, kv), kv)))
-    return kept
-
-
-def _first_bad_key_item(step_id: str, xs: list[Any]) -> FlowsparkTypeError:
-    for x in xs:
-        if type(x) is not tuple or len(x) != 2 or type(x[0]) is not str:
-            return bad_item_error(step_id, x)
-    raise AssertionError(step_id)
-
-
-def _checked_keys(step_id: str, xs: list[Any]) -> list[str]:
-    """The keys of items entering stateful step `step_id`, checked column-wise: 2-tuples with a str key."""
-    if not all_pairs(xs):
-        raise routing_error(step_id, _first_bad_key_item(step_id, xs))
-    ks = list(map(_first, xs))
-    if set(map(type, ks)) != {str}:
-        raise routing_error(step_id, _first_bad_key_item(step_id, xs))
-    return ks
-
-
 def column_key_runs(
     spec: StageSpec, batches: Iterator[Any], dead: Dead = None, sequences: bool = True, values_only: bool = False
 ) -> Iterator[tuple[str, list[Any]]]:
@@ -275,7 +128,7 @@ def column_key_runs(
     sorted by `(key column, id)`. Each batch's rows become dicts, run through
     the source stage's steps (their filters, the `key_on`, key-keeping steps), and the
     resulting items, still grouped by key, are cut into runs; a key's rows may span
-    batches. With `dead` (a list), items those steps refuse go there (see `_apply_ops`).
+    batches. With `dead` (a list), items those steps refuse go there (see `flowspark.spark.ops.apply_ops`).
     With `sequences=False` (the caller reads no sequences: a stage writing a sink's rows,
     without a dead letter) every sequence is empty bytes; with `values_only` (which implies
     it) a run holds the key's values alone.
@@ -324,16 +177,16 @@ def column_key_runs(
                 # The recognised key function is `row[column]`: its pairs, without calling it per row.
                 pairs = zip(keys.to_pylist(), rows, strict=True)
                 streams = {ck.ops[0].downs[0]: list(zip(seqs, pairs, strict=True))}
-                _apply_ops(ck.ops[1:], streams, dead)
+                apply_ops(ck.ops[1:], streams, dead)
             else:
                 streams = {ck.entry: list(zip(seqs, rows, strict=True))}
-                _apply_ops(ck.ops, streams, dead)
+                apply_ops(ck.ops, streams, dead)
             items = streams.get(ck.port)
             if items and dead is not None:
-                items = _screen_keyed(key_for, items, dead)
+                items = screen_keyed(key_for, items, dead)
             if items:
                 xs = list(map(_second, items))
-                ks = _checked_keys(key_for, xs)
+                ks = checked_keys(key_for, xs)
                 yield (
                     pa.array(ks, pa.string()),
                     None if values_only else list(map(_first, items)),
@@ -356,36 +209,6 @@ def _mapped_values(fns: tuple[Callable[[Any], Any], ...], values: list[Any]) -> 
     except Exception:  # noqa: BLE001  # the caller reruns the steps one by one, for the step's error
         return None
     return values
-
-
-def one_to_one_line(spec: StageSpec) -> Optional[tuple[Callable[[list[Any]], Any], ...]]:
-    """The batch mappers from the stage's entry to its only port, or `None`.
-
-    That is when the stage's steps are one line of one-to-one `map` steps (and redistributes).
-    """
-    stream = spec.entry
-    fns = []
-    for o in spec.ops:
-        if o.ups != (stream,) or len(o.downs) != 1 or not (o.kind == "pass" or (o.kind == "map" and o.one_to_one)):
-            return None
-        if o.kind == "map":
-            assert o.fn is not None
-            fns.append(o.fn)
-        stream = o.downs[0]
-    return tuple(fns) if len(spec.ports) == 1 and stream == spec.ports[0].stream else None
-
-
-def through(fns: tuple[Callable[[list[Any]], Any], ...], xs: list[Any]) -> Optional[list[Any]]:
-    """`xs` through each one-to-one batch mapper in turn, or `None` when one raises or breaks its promise."""
-    try:
-        for fn in fns:
-            res = fn(xs)
-            if type(res) is not list or len(res) != len(xs):
-                return None
-            xs = res
-    except Exception:  # noqa: BLE001  # the caller reruns the steps one by one, for the step's error
-        return None
-    return xs
 
 
 def _key_column(b: Any, column: str) -> Any:
@@ -413,7 +236,7 @@ def _port_rows(
     for p, port in enumerate(spec.ports):
         items = streams.get(port.stream)
         if items and dead is not None and port.key_for is not None:
-            items = _screen_keyed(port.key_for, items, dead)
+            items = screen_keyed(port.key_for, items, dead)
         if not items:
             continue
         n = len(items)
@@ -421,7 +244,7 @@ def _port_rows(
         out_p.extend([p] * n)
         out_s.extend(map(_first, items))
         if port.key_for is not None:
-            ks = _checked_keys(port.key_for, xs)
+            ks = checked_keys(port.key_for, xs)
             out_k.extend(ks)
             out_v.extend(dumps_all(list(map(_second, xs)) if port.value_only else xs))
         else:
@@ -562,27 +385,6 @@ def dead_rows(
     out_k.extend([None] * len(dead))
     out_s.extend(map(_first, dead))
     out_v.extend(dumps(r) for _s, r in dead)
-
-
-def stage_streams(
-    spec: StageSpec, items: list[tuple[bytes, Any]], dead: Dead = None
-) -> dict[str, list[tuple[bytes, Any]]]:
-    """Push items of the stage's entry stream through its stateless ops.
-
-    Args:
-        spec: The stage.
-        items: `(sequence, item)` pairs of the entry stream.
-        dead: With a dead letter, receives `(seq, record)` for each item a step refused.
-
-    Returns:
-        Every stream of the stage: stream id -> `(sequence, item)` pairs.
-
-    Raises:
-        FlowsparkRuntimeError: A user callable failed.
-    """
-    streams: dict[str, list[tuple[bytes, Any]]] = {spec.entry: items}
-    _apply_ops(spec.ops, streams, dead)
-    return streams
 
 
 @contextmanager

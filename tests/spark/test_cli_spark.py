@@ -149,7 +149,7 @@ def test_state_reads_the_key_layout(spark, tmp_path, capsys, monkeypatch):
     """`flowspark state` on a key-layout checkpoint: per-key MapState rows and hot tiers (one key per bucket)."""
     from streaming_helpers import write_jsonl
 
-    monkeypatch.setattr("flowspark.spark.streaming.state.HOT_PER_BUCKET", 1)
+    monkeypatch.setattr("flowspark.spark.streaming.keylayout.HOT_PER_BUCKET", 1)
     root, chk, out = str(tmp_path / "in"), str(tmp_path / "chk"), str(tmp_path / "out.txt")
     write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 5}"} for i in range(12)])
     args = ["run", "--checkpoint", chk, "--trigger", "available_now", "--state-layout", "key", "--buckets", "2"]

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.spark]
 @pytest.fixture
 def tiny_hot_tier(monkeypatch):
     """One hot key per bucket: most keys then live in MapState rows (read, evicted, removed)."""
-    monkeypatch.setattr("flowspark.spark.streaming.state.HOT_PER_BUCKET", 1)
+    monkeypatch.setattr("flowspark.spark.streaming.keylayout.HOT_PER_BUCKET", 1)
 
 
 @pytest.mark.parametrize("hot", ["default", "tiny"])
@@ -28,7 +28,7 @@ def test_key_layout_running_count_and_resume(spark, tmp_path, monkeypatch, hot):
     from flowspark.spark import run
 
     if hot == "tiny":
-        monkeypatch.setattr("flowspark.spark.streaming.state.HOT_PER_BUCKET", 1)
+        monkeypatch.setattr("flowspark.spark.streaming.keylayout.HOT_PER_BUCKET", 1)
     root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
     write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 3}"} for i in range(7)])
     write_jsonl(f"{root}/b/0001.jsonl", [{"user": f"u{i % 2}"} for i in range(4)])

@@ -143,7 +143,7 @@ def test_timeouts_fire_for_idle_keys(spark, tmp_path, monkeypatch, layout):
     """
     from flowspark.spark import run
 
-    monkeypatch.setattr("flowspark.spark.streaming.state.HOT_PER_BUCKET", 1)
+    monkeypatch.setattr("flowspark.spark.streaming.keylayout.HOT_PER_BUCKET", 1)
 
     root = str(tmp_path / "in")
     chk = str(tmp_path / "chk")

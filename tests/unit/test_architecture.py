@@ -126,3 +126,186 @@ def test_no_module_imports_another_modules_private_names_but_the_known_ones():
         "flowspark.spark.tools: flowspark.spark.batch._Job",
         "flowspark.submit: flowspark._importstr._module_for_file",
     ]
+
+
+# --------------------------------------------------------------------------- sizes and complexity
+SPARK = ROOT / "spark"
+MAX_LINES = 800
+MAX_COMPLEXITY = 25
+_FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+_BRANCHES = (ast.If, ast.For, ast.AsyncFor, ast.While, ast.ExceptHandler, ast.IfExp, ast.match_case)
+
+
+def complexity(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Cyclomatic complexity of one function: 1 + its decision points.
+
+    Each `if`/`elif`, `for`, `while`, `except` handler, conditional expression and `match`
+    case counts 1, each operand of a boolean operator after the first 1, each comprehension's
+    `for` 1 plus 1 per `if` of it. A nested function (or a class's methods) counts separately:
+    its decision points are not the enclosing function's. A lambda's are.
+    """
+    n = 1
+    todo = list(ast.iter_child_nodes(fn))
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (*_FUNCTIONS, ast.ClassDef)):
+            continue
+        if isinstance(node, _BRANCHES):
+            n += 1
+        elif isinstance(node, ast.BoolOp):
+            n += len(node.values) - 1
+        elif isinstance(node, ast.comprehension):
+            n += 1 + len(node.ifs)
+        todo.extend(ast.iter_child_nodes(node))
+    return n
+
+
+def _functions(*dirs: Path) -> list[tuple[str, ast.FunctionDef | ast.AsyncFunctionDef]]:
+    """`(module:line name, node)` of every function (methods and nested ones too) of the modules under `dirs`."""
+    found = []
+    for d in dirs:
+        for path in sorted(d.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, _FUNCTIONS):
+                    found.append((f"{_module_name(path)}:{node.lineno} {node.name}", node))
+    return found
+
+
+def test_the_complexity_counter_counts_a_known_snippet():
+    src = """
+def f(xs, d):
+    if xs and d or not xs:                  # if 1, and/or 2
+        return [x for x in xs if x if x > 1]  # comprehension 1 + 2 ifs
+    elif d:                                 # 1
+        pass
+    for x in xs:                            # 1
+        while x:                            # 1
+            x = x - 1 if x > 2 else 0       # 1
+    try:
+        pass
+    except ValueError:                      # 1
+        pass
+    except (KeyError, TypeError):           # 1
+        pass
+    match d:
+        case 1:                             # 1
+            pass
+        case _:                             # 1
+            pass
+
+    def nested(y):                          # counts separately
+        return y if y else (lambda z: z or 1)
+
+    return {k: v for k, v in d.items()} or nested  # comprehension 1, or 1
+"""
+    fns = {n.name: n for n in ast.walk(ast.parse(src)) if isinstance(n, _FUNCTIONS)}
+    assert complexity(fns["f"]) == 1 + 3 + 3 + 1 + 1 + 1 + 1 + 2 + 2 + 2
+    assert complexity(fns["nested"]) == 1 + 1 + 1
+    assert complexity(ast.parse("def g():\n    return 1\n").body[0]) == 1
+
+
+def test_no_file_under_flowspark_spark_is_over_800_lines():
+    sizes = {str(p.relative_to(ROOT.parent)): len(p.read_text().splitlines()) for p in SPARK.rglob("*.py")}
+    assert {p: n for p, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def test_no_function_of_the_spark_and_runtime_modules_is_over_complexity_25():
+    scores = {name: complexity(fn) for name, fn in _functions(SPARK, ROOT / "runtime")}
+    assert len(scores) > 100  # the walk found the functions
+    assert {name: c for name, c in scores.items() if c > MAX_COMPLEXITY} == {}
+
+
+# --------------------------------------------------------------------------- pyspark's private APIs
+#: pyspark's and Py4J's private names (attributes, and the JVM classes reached through them):
+#: used in `flowspark/spark/compat.py` only.
+PRIVATE_PYSPARK = frozenset(
+    {
+        "_jvm",
+        "_jdf",
+        "_jsc",
+        "_jsparkSession",
+        "_jlistener",
+        "_gateway",
+        "_explain_string",
+        "_instantiatedSession",
+        "_DYNAMIC_CLASS_TRACKER_BY_CLASS",
+        "statusStore",
+        "PythonSQLUtils",
+        "PythonStreamingQueryListener",
+        "PythonStreamingQueryListenerWrapper",
+    }
+)
+
+
+def _private_pyspark_uses(source: str) -> list[str]:
+    """`"line name"` wherever `source` names one of `PRIVATE_PYSPARK`: in code (attributes, names,
+    definitions, imports) or in a string. Docstrings may mention them.
+    """
+    tree = ast.parse(source)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, *_FUNCTIONS))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, (*_FUNCTIONS, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.ImportFrom):
+            names = [*(node.module or "").split("."), *(a.name for a in node.names)]
+        elif isinstance(node, ast.Import):
+            names = [part for a in node.names for part in a.name.split(".")]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            names = [n for n in PRIVATE_PYSPARK if n in node.value]
+        else:
+            continue
+        found += [f"{node.lineno} {n}" for n in names if n in PRIVATE_PYSPARK]
+    return found
+
+
+def test_only_compat_uses_pysparks_private_apis():
+    compat = SPARK / "compat.py"
+    offenders = [
+        f"{_module_name(p)}:{use}"
+        for p in sorted(ROOT.rglob("*.py"))
+        if p != compat
+        for use in _private_pyspark_uses(p.read_text())
+    ]
+    assert offenders == []
+    assert len(_private_pyspark_uses(compat.read_text())) >= 10  # the scan sees them where they are
+
+
+def test_the_private_api_scan_finds_code_and_strings_but_not_docstrings():
+    src = (
+        '"""Mentions _jvm."""\n'
+        "from pyspark.sql import SparkSession\n"
+        "def f(spark):\n"
+        '    """And statusStore."""\n'
+        "    spark.sparkContext._jvm.x\n"
+        "    SparkSession._instantiatedSession\n"
+        '    return "org.apache.spark.sql.streaming.PythonStreamingQueryListener"\n'
+        "def _jlistener():\n"
+        "    from py4j import _gateway\n"
+    )
+    assert sorted(_private_pyspark_uses(src)) == [
+        "5 _jvm",
+        "6 _instantiatedSession",
+        "7 PythonStreamingQueryListener",
+        "8 _jlistener",
+        "9 _gateway",
+    ]
+    assert _private_pyspark_uses("def f(spark):\n    return spark.sparkContext.jvm_like\n") == []
+
+
+# --------------------------------------------------------------------------- the plan
+def test_the_plan_imports_no_runtime_and_no_lowering():
+    deps = _imports()["flowspark.spark.plan"]
+    lowerings = ("flowspark.runtime", "flowspark.spark.batch", "flowspark.spark.streaming")
+    assert sorted(d for d in deps if d.startswith(lowerings)) == []

@@ -346,7 +346,8 @@ def test_dump_state_pickles_importable_classes_by_reference_and_loads_what_older
     import cloudpickle
     from streaming_helpers import Tally
 
-    from flowspark.spark.streaming.state import _load, dump_state
+    from flowspark.spark.streaming.keylayout import dump_state
+    from flowspark.spark.streaming.state import _load
 
     entry = ([(Tally(3),)], None, RUN)
     blob = dump_state({"k": entry})

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from flowspark._paths import is_local as _is_local
 from flowspark.errors import FlowsparkTypeError
+from flowspark.spark.compat import default_session, hadoop_configuration, hadoop_path, read_utf8
 
 __all__ = ["check_reachable", "files", "is_local", "join"]
 
@@ -95,11 +96,11 @@ class _HadoopFiles:
     """The same calls through Hadoop's `FileSystem` (py4j, classic sessions)."""
 
     def __init__(self, spark: Any) -> None:
-        self.jvm = spark._jvm
-        self.conf = spark._jsc.hadoopConfiguration()
+        self.spark = spark
+        self.conf = hadoop_configuration(spark)
 
     def _fs(self, path: str) -> tuple[Any, Any]:
-        p = self.jvm.org.apache.hadoop.fs.Path(path)
+        p = hadoop_path(self.spark, path)
         return p.getFileSystem(self.conf), p
 
     def exists(self, path: str) -> bool:
@@ -114,14 +115,14 @@ class _HadoopFiles:
         fs, p = self._fs(path)
         stream = fs.open(p)
         try:
-            return str(self.jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+            return read_utf8(self.spark, stream)
         finally:
             stream.close()
 
     def write_text(self, path: str, text: str) -> None:
         # Written aside, then renamed over the old file (a reader never sees half a file).
         fs, p = self._fs(path)
-        tmp = self.jvm.org.apache.hadoop.fs.Path(f"{path}.{uuid.uuid4().hex}.tmp")
+        tmp = hadoop_path(self.spark, f"{path}.{uuid.uuid4().hex}.tmp")
         out = fs.create(tmp, True)
         try:
             out.write(bytearray(text.encode("utf-8")))
@@ -161,9 +162,7 @@ def files(path: str, spark: Optional[Any] = None) -> Any:
     if is_local(path):
         return _LocalFiles()
     if spark is None:
-        from pyspark.sql import SparkSession
-
-        spark = SparkSession.getActiveSession() or SparkSession._instantiatedSession
+        spark = default_session()
     from flowspark.spark.session import is_connect
 
     if spark is None or is_connect(spark):

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from flowspark.spark.codec import decode_task_error
+from flowspark.spark.compat import JavaQueryListener, lean_listener
 from flowspark.spark.session import is_connect
 
 if TYPE_CHECKING:
@@ -155,25 +156,19 @@ class Listener:
                 self.cond.wait(0.05)
 
 
-class JavaListener:
+class JavaListener(JavaQueryListener):
     """The Java side of `make_listener`'s listener on a classic session, reading each event lean.
 
     pyspark's own bridge turns every progress event into a Python object field by field (a
     JVM round trip each, some resolving class names through the JVM's class path): measured,
     0.65 s of the listener thread's CPU over a 10-micro-batch run, on two cores. Here an event
-    costs two calls: the progress as JSON, or the run id of a termination.
+    costs two calls: the progress as JSON, or the run id of a termination
+    (`flowspark.spark.compat.JavaQueryListener`).
     """
 
     def __init__(self, lst: Listener, name: str) -> None:
         self.lst = lst
         self.name = name
-
-    def onQueryStarted(self, jevent: Any) -> None:  # noqa: N802
-        """Nothing to do."""
-
-    def onQueryProgress(self, jevent: Any) -> None:  # noqa: N802
-        """Hand the progress over as JSON."""
-        self.progress_json(jevent.progress().json())
 
     def progress_json(self, text: str) -> None:
         """Hand a progress event's JSON to the listener when it is of a query named `name`."""
@@ -181,25 +176,18 @@ class JavaListener:
         if p.get("name") == self.name:
             self.lst.progress(p)
 
-    def onQueryIdle(self, jevent: Any) -> None:  # noqa: N802
-        """Nothing to do."""
-
-    def onQueryTerminated(self, jevent: Any) -> None:  # noqa: N802
-        """Hand the run id over."""
-        self.lst.terminated(str(jevent.runId().toString()))
-
-    class Java:
-        """The Java interface py4j implements."""
-
-        implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]  # noqa: RUF012
+    def terminated(self, run_id: str) -> None:
+        """Hand the run id of a terminated query run to the listener."""
+        self.lst.terminated(run_id)
 
 
 def make_listener(spark: Any, lst: Listener, name: str, lean: bool = True) -> Any:
     """A Spark listener handing the progress of the queries named `name` and every termination to `lst`.
 
     Through Spark Connect the client delivers events as JSON to the Python methods; on a classic
-    session pyspark asks the listener for its Java side (`_jlistener`), which with `lean` (the
-    rule `lean_listener`) is `JavaListener`, else pyspark's own bridge.
+    session pyspark asks the listener for its Java side, which with `lean` (the rule
+    `lean_listener`) is `JavaListener` (`flowspark.spark.compat.lean_listener`), else pyspark's
+    own bridge.
     """
     from pyspark.sql.streaming import StreamingQueryListener
 
@@ -218,16 +206,7 @@ def make_listener(spark: Any, lst: Listener, name: str, lean: bool = True) -> An
         def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
             lst.terminated(str(event.runId))
 
-    class Lean(L):
-        @property
-        def _jlistener(self) -> Any:
-            jl = self.__dict__.get("_lean")
-            if jl is None:
-                jvm = spark.sparkContext._jvm  # noqa: SLF001
-                jl = self.__dict__["_lean"] = jvm.PythonStreamingQueryListenerWrapper(java)
-            return jl
-
-    ours = Lean() if lean else L()
+    ours = lean_listener(spark, L, java) if lean else L()
     spark.streams.addListener(ours)
     return ours
 

@@ -19,11 +19,9 @@ from flowspark.spark.inputs import SparkSource
 from flowspark.spark.optimize import Env
 from flowspark.spark.outputs import SparkSink
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
+from flowspark.spark.streaming.keylayout import HOT_PER_BUCKET
 from flowspark.spark.streaming.routing import (
     needs_routing,
-)
-from flowspark.spark.streaming.state import (
-    HOT_PER_BUCKET,
 )
 
 __all__ = [
