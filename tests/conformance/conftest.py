@@ -6,6 +6,11 @@ is put in the middle of each source's items, so the first run reads the first ha
 restart continues with the rest from the checkpoint. Streaming has no end of input: what only
 end of input emits (`*_final` operators, windows and `collect` closing at EOF, `on_eof`,
 `join(emit_mode="final")`) is marked on the case with `notimpl(["spark-streaming"], ...)`.
+
+"spark-rules-none" and "spark-streaming-rules-none" run the same lowerings with every
+optimizer rule switched off (`rules="none"`, the reference lowering): each rule's fast path must
+give the results the reference does (`flowspark.spark.optimize`). They behave as "spark" and
+"spark-streaming" for `notimpl` markers.
 """
 
 from __future__ import annotations
@@ -56,13 +61,23 @@ def _split_in_two_runs(flow: Any) -> None:
 _CONNECT = os.environ.get("FLOWSPARK_TEST_CONNECT")
 
 #: Runtimes that behave as another one (the `notimpl` markers name the latter).
-_SAME_AS = {"spark-connect": "spark", "spark-connect-streaming": "spark-streaming"}
+_SAME_AS = {
+    "spark-connect": "spark",
+    "spark-connect-streaming": "spark-streaming",
+    "spark-rules-none": "spark",
+    "spark-streaming-rules-none": "spark-streaming",
+}
+
+#: Runtimes that run with every optimizer rule switched off.
+_RULES_NONE = {"spark-rules-none", "spark-streaming-rules-none"}
 
 _PARAMS = (
     [
         "local",
         pytest.param("spark", marks=pytest.mark.spark),
         pytest.param("spark-streaming", marks=[pytest.mark.spark, pytest.mark.slow]),
+        pytest.param("spark-rules-none", marks=pytest.mark.spark),
+        pytest.param("spark-streaming-rules-none", marks=[pytest.mark.spark, pytest.mark.slow]),
     ]
     if not _CONNECT
     else [
@@ -96,6 +111,7 @@ def runtime(request, tmp_path):
 
         return Runtime("local", run_local)
     spark = request.getfixturevalue("connect_spark" if _CONNECT else "spark")
+    rules = "none" if request.param in _RULES_NONE else None  # None: FLOWSPARK_RULES, else all
     if _SAME_AS.get(request.param, request.param) == "spark-streaming":
         from flowspark.spark.streaming import run_streaming
 
@@ -111,13 +127,14 @@ def runtime(request, tmp_path):
                     progress=False,
                     clock=clock,
                     max_items=1000,
+                    rules=rules,
                 )
 
         return Runtime(request.param, run_stream)
     from flowspark.spark import run
 
     def run_spark(flow, start_time):
-        run(flow, spark=spark, start_time=start_time)
+        run(flow, spark=spark, start_time=start_time, rules=rules)
 
     return Runtime(request.param, run_spark)
 

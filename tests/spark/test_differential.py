@@ -4,6 +4,10 @@ Per key the items must come in exactly the same order; across keys the result is
 compared as a multiset (Spark gives no global order after a shuffle). The local
 run uses `clock="fixed"` with the same start time as the Spark run, so timers
 fire on the same per-key timeline.
+
+Each property also runs with every optimizer rule switched off (`rules="none"`: the reference
+lowering, `flowspark.spark.optimize`), on fewer examples: the fast paths and the reference must
+both agree with the in-memory executor.
 """
 
 from __future__ import annotations
@@ -96,15 +100,25 @@ def build(items: list[Any], steps: list[str]) -> tuple[Dataflow, list[Any]]:
     return flow, out
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(items=ITEMS, steps=st.lists(STEPS, min_size=1, max_size=4))
-def test_local_and_spark_agree(spark, items, steps):
+def _check_batch(spark: Any, items: list[Any], steps: list[str], rules: Any) -> None:
     flow_l, out_l = build(items, steps)
     run_main(flow_l, clock="fixed", start_time=T0)
     flow_s, out_s = build(items, steps)
-    run(flow_s, spark=spark, start_time=T0)
+    run(flow_s, spark=spark, start_time=T0, rules=rules)
     assert per_key(out_s) == per_key(out_l)
     assert sorted(out_s, key=repr) == sorted(out_l, key=repr)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=ITEMS, steps=st.lists(STEPS, min_size=1, max_size=4))
+def test_local_and_spark_agree(spark, items, steps):
+    _check_batch(spark, items, steps, None)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=ITEMS, steps=st.lists(STEPS, min_size=1, max_size=4))
+def test_local_and_spark_with_every_rule_off_agree(spark, items, steps):
+    _check_batch(spark, items, steps, "none")
 
 
 def test_two_timers_then_a_branch_and_merge_keep_the_in_memory_order(spark):
@@ -156,9 +170,7 @@ def test_a_notification_always_past_fires_as_in_memory_on_the_fixed_clock(spark,
 STREAM_STEPS = st.sampled_from(["map", "filter", "flat", "running", "rekey", "branch_merge"])
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(items=ITEMS, steps=st.lists(STREAM_STEPS, min_size=1, max_size=3))
-def test_local_and_spark_streaming_agree(spark, items, steps):
+def _check_streaming(spark: Any, items: list[Any], steps: list[str], rules: Any) -> None:
     """The same random flow as a stream (two available_now runs on one checkpoint) and in memory."""
     import tempfile
 
@@ -170,6 +182,20 @@ def test_local_and_spark_streaming_agree(spark, items, steps):
     flow_s, out_s = build([*items[:half], TestingSource.EOF(), *items[half:]], steps)
     with tempfile.TemporaryDirectory() as chk:
         for _ in range(2):
-            run_streaming(flow_s, spark=spark, checkpoint=chk, trigger="available_now", progress=False, max_items=7)
+            run_streaming(
+                flow_s, spark=spark, checkpoint=chk, trigger="available_now", progress=False, max_items=7, rules=rules
+            )
     assert per_key(out_s) == per_key(out_l)
     assert sorted(out_s, key=repr) == sorted(out_l, key=repr)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=ITEMS, steps=st.lists(STREAM_STEPS, min_size=1, max_size=3))
+def test_local_and_spark_streaming_agree(spark, items, steps):
+    _check_streaming(spark, items, steps, None)
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=ITEMS, steps=st.lists(STREAM_STEPS, min_size=1, max_size=3))
+def test_local_and_spark_streaming_with_every_rule_off_agree(spark, items, steps):
+    _check_streaming(spark, items, steps, "none")

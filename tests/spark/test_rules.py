@@ -1,0 +1,354 @@
+"""Every optimizer rule against the reference: same output with the rule, without it and with none.
+
+For each rule (`flowspark.spark.optimize.RULES`) a small flow where it applies runs on Spark
+with every rule switched on (the decision record must say it applied), with that rule switched
+off (`rules="-NAME"`) and with every rule switched off (`rules="none"`, the reference lowering),
+and in memory (`run_main`). The four outputs must be equal per key: keys interleave in no order
+on Spark, but within a key the items must come in the same order. Each item a stateful step
+emits carries the values the key got so far, in order (`_seen`), so an output row tells the order
+its key's values came in even when Spark's files give the rows in no order.
+
+A batch run's decisions are read from the run itself (`explain=True` prints the physical plan it
+runs) and from `flowspark.spark.tools.physical_plans`; a stream's from `StreamingRun.plan`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import pytest
+from streaming_helpers import ListSource
+
+import flowspark.operators as op
+from flowspark.dataflow import Dataflow
+from flowspark.errors import RecoveryError
+from flowspark.spark import SparkSink, SparkSource, compile_flow, run
+from flowspark.spark.optimize import RULES, rule_names
+from flowspark.spark.tools import physical_plans
+from flowspark.testing import TestingSink, TestingSource, per_key, run_main
+
+#: 45 events of 5 users; `at` names each event (the order a key's events came in shows in `seen`).
+EVENTS = [{"user": f"u{(i * 7) % 5}", "v": i % 6, "at": f"e{i}"} for i in range(45)]
+SCHEMA = "user STRING, v LONG, at STRING"
+OUT_SCHEMA = "user STRING, n LONG, seen STRING"
+#: A Python stream's partitions: `ListSource` reads 2 items per source batch.
+PARTS = {"a": EVENTS[:20], "b": EVENTS[20:28], "c": EVENTS[28:]}
+
+
+def _user(r):
+    return r["user"]
+
+
+def _at(r):
+    return r["at"]
+
+
+def _seen(state, at):
+    n, seen = state or (0, "")
+    state = (n + 1, f"{seen} {at}" if seen else at)
+    return state, state
+
+
+def _row(kv):
+    user, (n, seen) = kv
+    return {"user": user, "n": n, "seen": seen}
+
+
+def _keep_all(acc, v):
+    return [*acc, v]
+
+
+def _seen_per_key(flow_id: str, src: Any) -> tuple[Dataflow, Any]:
+    """`key_on` (a column) -> `map_value` (a column) -> `stateful_map`: `(flow, keyed counts stream)`."""
+    flow = Dataflow(flow_id)
+    keyed = op.key_on("key", op.input("inp", flow, src), _user)
+    return flow, op.stateful_map("seen", op.map_value("at", keyed, _at), _seen)
+
+
+# -- the flows: each `build(src, out)` -> flow; `out` is a list (a TestingSink) or an output directory
+
+
+def _keyed(src: Any, out: Any) -> Dataflow:
+    flow, counts = _seen_per_key("keyed", src)
+    op.output("out", counts, TestingSink(out))
+    return flow
+
+
+def _eof(src: Any, out: Any) -> Dataflow:
+    flow, counts = _seen_per_key("eof", src)
+    op.output("out", op.fold_final("all", counts, list, _keep_all), TestingSink(out))
+    return flow
+
+
+def _to_rows(flow: Dataflow, counts: Any, out: Any, schema: Optional[str] = OUT_SCHEMA) -> Dataflow:
+    rows = op.map("row", counts, _row)
+    op.output("out", rows, TestingSink(out) if isinstance(out, list) else SparkSink("parquet", out, schema=schema))
+    return flow
+
+
+def _rows(src: Any, out: Any) -> Dataflow:
+    return _to_rows(*_seen_per_key("rows", src), out)
+
+
+def _rows_sampled(src: Any, out: Any) -> Dataflow:
+    return _to_rows(*_seen_per_key("sampled", src), out, schema=None)
+
+
+@dataclass(frozen=True)
+class Flow:
+    """A flow of this module, its inputs and how its output is read.
+
+    Attributes:
+        name: Its name (and the flow's id).
+        build: `(source, out) -> Dataflow`.
+        source: `parquet`: a SparkSource of a parquet file; `list`: a TestingSource; `python stream`:
+            an unbounded `ListSource`; `parquet stream`: a SparkSource of a stream of parquet files.
+        spark_sink: Its output is a SparkSink writing parquet (else a TestingSink).
+    """
+
+    name: str
+    build: Callable[[Any, Any], Dataflow]
+    source: str
+    spark_sink: bool
+
+    @property
+    def streaming(self) -> bool:
+        return self.source.endswith("stream")
+
+
+FLOWS = {
+    f.name: f
+    for f in (
+        Flow("keyed", _keyed, "list", False),
+        Flow("eof", _eof, "list", False),
+        Flow("rows", _rows, "list", True),
+        Flow("columns", _rows, "parquet", True),
+        Flow("sampled", _rows_sampled, "parquet", True),
+        Flow("python_stream", _rows, "python stream", True),
+        Flow("parquet_stream", _rows, "parquet stream", True),
+    )
+}
+
+#: `(rule, where it is decided, the flow it applies in)`: at least one per rule.
+CASES = [
+    ("value_only_ports", "stage 0", "keyed"),
+    ("unordered_emits", "stage 1", "rows"),
+    ("eof_only", "stage 1", "eof"),
+    ("bare_state", "stage 1", "python_stream"),
+    ("spark_keys", "stage 1", "columns"),
+    ("spark_keys", "stage 1", "parquet_stream"),
+    ("value_mappers", "stage 1", "columns"),
+    ("value_column", "stage 1", "columns"),
+    ("schema_sampling", "sink sampled.out", "sampled"),
+    ("sink_fusion", "sink rows.out", "columns"),
+    ("sink_fusion", "sink rows.out", "python_stream"),
+    ("flat_driver", "stage 1", "python_stream"),
+    ("ordered_source", "stage 1", "python_stream"),
+    ("file_order", "stage 1", "parquet_stream"),
+    ("lean_listener", "query", "python_stream"),
+]
+
+
+class _EndingListSource(ListSource):
+    """`ListSource` whose partitions end once read: the in-memory reference of a Python stream."""
+
+    def is_bounded(self) -> bool:
+        return True
+
+    def build_part(self, step_id, for_part, resume_state):
+        part = super().build_part(step_id, for_part, resume_state)
+        read = part.next_batch
+
+        def next_batch():
+            if part.pos >= len(part.items):
+                raise StopIteration
+            return read()
+
+        part.next_batch = next_batch
+        return part
+
+
+def _decisions(text: str) -> dict[tuple[str, str], str]:
+    """The decision lines of a rendered physical plan (`explain=True`): `(rule, where) -> line`."""
+    out = {}
+    where = ""
+    for line in text.splitlines():
+        if line.startswith("stage "):
+            where = " ".join(line.split()[:2])
+        elif line.startswith("sink "):
+            where = line.split(":")[0]
+        elif line.startswith("query ("):
+            where = "query"
+        elif line.startswith("    rule "):
+            out[(line.split()[1].rstrip(":"), where)] = line.strip()
+    return out
+
+
+@dataclass
+class Outcome:
+    """One run of a flow: its output per key and every decision (`(rule, where) -> str(decision)`)."""
+
+    output: dict[str, list[Any]]
+    decisions: dict[tuple[str, str], str]
+
+
+class Runs:
+    """Runs each flow once per rules setting and input kind (the cases share them)."""
+
+    def __init__(self, spark: Any, tmp: Any) -> None:
+        self.spark = spark
+        self.tmp = tmp
+        self.done: dict[tuple[str, Optional[str]], Outcome] = {}
+        self.parquet = str(tmp.mktemp("in") / "events.parquet")
+        # One file: one partition, read in the list's order (the in-memory reference's).
+        spark.createDataFrame(EVENTS, SCHEMA).coalesce(1).write.parquet(self.parquet)
+        self.parquet_dir = str(tmp.mktemp("stream_in"))
+        for f in range(3):
+            part = spark.createDataFrame(EVENTS[f * 15 : (f + 1) * 15], SCHEMA).toPandas()
+            part.to_parquet(os.path.join(self.parquet_dir, f"f{f:03d}.parquet"))
+
+    def source(self, flow: Flow) -> Any:
+        if flow.source == "list":
+            return TestingSource(EVENTS)
+        if flow.source == "parquet":
+            return SparkSource("parquet", self.parquet)
+        if flow.source == "python stream":
+            return ListSource(PARTS, batch=2)
+        return SparkSource(
+            "parquet", self.parquet_dir, schema=SCHEMA, options={"maxFilesPerTrigger": "1"}, streaming=True
+        )
+
+    def get(self, name: str, rules: Optional[str]) -> Outcome:
+        """The outcome of flow `name` with `rules` (`None`: in memory, with `run_main`)."""
+        if (name, rules) not in self.done:
+            self.done[(name, rules)] = self._run(FLOWS[name], rules)
+        return self.done[(name, rules)]
+
+    def _run(self, flow: Flow, rules: Optional[str]) -> Outcome:
+        if rules is None:
+            out: list[Any] = []
+            src = _EndingListSource(PARTS, batch=2) if flow.source == "python stream" else TestingSource(EVENTS)
+            run_main(flow.build(src, out))
+            return Outcome(_per_key(out) if flow.spark_sink else per_key(out), {})
+        tag = f"{flow.name}_{rules.replace(',', '_')}"
+        target: Any = str(self.tmp.mktemp(tag) / "out") if flow.spark_sink else []
+        dataflow = flow.build(self.source(flow), target)
+        if flow.streaming:
+            sr = run(
+                dataflow,
+                spark=self.spark,
+                checkpoint=str(self.tmp.mktemp(tag + "_chk")),
+                trigger="available_now",
+                progress=False,
+                max_items=3,
+                rules=rules,
+            )
+            assert sr is not None
+            decisions = {(d.rule, d.where): str(d) for d in sr.plan.decisions}
+        else:
+            text = io.StringIO()
+            with contextlib.redirect_stdout(text):
+                assert run(dataflow, spark=self.spark, rules=rules, explain=True) is None
+            decisions = _decisions(text.getvalue())
+            again = flow.build(self.source(flow), target if flow.spark_sink else [])  # physical_plans writes nothing
+            planned, _ = physical_plans(compile_flow(again), self.spark, rules=rules)
+            assert {(d.rule, d.where): str(d) for d in planned.decisions} == decisions
+        if flow.spark_sink:
+            rows = [r.asDict() for r in self.spark.read.parquet(target).collect()]
+            return Outcome(_per_key(rows, sort=True), decisions)
+        return Outcome(per_key(target), decisions)
+
+
+def _per_key(rows: list[dict[str, Any]], sort: bool = False) -> dict[str, list[Any]]:
+    """Rows `{"user", "n", "seen"}` per user: `(n, seen)` in order (`sort`: by `n`, Spark's files have no order)."""
+    out = per_key((r["user"], (r["n"], r["seen"])) for r in rows)
+    return {k: sorted(v) for k, v in out.items()} if sort else out
+
+
+@pytest.fixture(scope="module")
+def runs(spark, tmp_path_factory):
+    return Runs(spark, tmp_path_factory)
+
+
+def test_every_rule_has_a_case():
+    assert sorted({rule for rule, _w, _f in CASES}) == sorted(rule_names())
+    assert [r.name for r in RULES] == rule_names()
+
+
+def _case(rule: str, where: str, flow: str) -> Any:
+    """A case as a test's parameters: a stream's case is slow (each of its runs starts a query)."""
+    marks = [pytest.mark.slow] if FLOWS[flow].streaming else []
+    return pytest.param(rule, where, flow, marks=marks, id=f"{rule}-{flow}")
+
+
+@pytest.mark.parametrize(("rule", "where", "flow"), [_case(*c) for c in CASES])
+def test_rule_gives_the_reference_output(runs, rule, where, flow):
+    with_all = runs.get(flow, "all")
+    assert with_all.decisions[(rule, where)] == f"rule {rule}: applied"
+    without = runs.get(flow, f"-{rule}")
+    assert without.decisions[(rule, where)] == f"rule {rule}: not applied (switched off: rules='-{rule}')"
+    reference = runs.get(flow, "none")
+    assert not any(d.endswith(": applied") for d in reference.decisions.values())
+    in_memory = runs.get(flow, None)
+    assert with_all.output == in_memory.output
+    assert without.output == in_memory.output
+    assert reference.output == in_memory.output
+    assert sum(len(v) for v in in_memory.output.values()) == (5 if flow == "eof" else len(EVENTS))
+
+
+def test_flowspark_rules_none_in_the_environment_switches_every_rule_off(spark, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOWSPARK_RULES", "none")
+    out = str(tmp_path / "out")
+    sr = run(
+        _rows(ListSource(PARTS, batch=2), out),
+        spark=spark,
+        checkpoint=str(tmp_path / "chk"),
+        trigger="available_now",
+        progress=False,
+        max_items=3,
+    )
+    assert sr is not None
+    assert {d.rule for d in sr.plan.decisions} == set(rule_names())
+    for d in sr.plan.decisions:
+        assert not d.applied
+        assert d.reason in ("switched off: rules='none'", "only for batch jobs"), str(d)
+    ref: list[Any] = []
+    run_main(_rows(_EndingListSource(PARTS, batch=2), ref))
+    assert _per_key([r.asDict() for r in spark.read.parquet(out).collect()], sort=True) == _per_key(ref)
+
+    text = io.StringIO()
+    batch: list[Any] = []
+    with contextlib.redirect_stdout(text):
+        run(_keyed(TestingSource(EVENTS), batch), spark=spark, explain=True)
+    decisions = _decisions(text.getvalue())
+    assert "rule value_only_ports: not applied (switched off: rules='none')" in decisions.values()
+    assert not any(d.endswith(": applied") for d in decisions.values())
+    ref = []
+    run_main(_keyed(TestingSource(EVENTS), ref))
+    assert per_key(batch) == per_key(ref)
+
+
+def test_a_switched_off_rule_says_so_in_the_plan(spark):
+    flow = _keyed(TestingSource(EVENTS), [])
+    plan, _ = physical_plans(compile_flow(flow), spark, rules="-value_only_ports,-eof_only")
+    assert str(plan.decision("value_only_ports", "stage 0")) == (
+        "rule value_only_ports: not applied (switched off: rules='-value_only_ports,-eof_only')"
+    )
+    assert str(plan.decision("eof_only", "stage 1")) == (
+        "rule eof_only: not applied (switched off: rules='-value_only_ports,-eof_only')"
+    )
+    assert str(plan.decision("bare_state", "stage 1")) == "rule bare_state: not applied (only for streaming queries)"
+
+
+def test_a_checkpoint_started_with_spark_keys_refuses_a_run_without_it(spark, tmp_path, runs):
+    chk, src = str(tmp_path / "chk"), runs.source(FLOWS["parquet_stream"])
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False}
+    sr = run(_rows(src, str(tmp_path / "out")), **opts)
+    assert sr is not None
+    assert sr.plan.decision("spark_keys", "stage 1").applied
+    with pytest.raises(RecoveryError, match=r"started with the rule 'spark_keys'.*rules='-spark_keys'"):
+        run(_rows(src, str(tmp_path / "out2")), rules="-spark_keys", **opts)
