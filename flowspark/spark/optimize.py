@@ -6,7 +6,7 @@ env)` returns the physical plan a lowering runs: the same stages, each carrying 
 modes the rules chose (`StageSpec.modes`, `SinkPlan.modes`, and the fields a rule
 sets: `Port.value_only`, `KeyedStep.regroup`, `StageSpec.column_key`...), and one
 `Decision` per rule and subject, which `flowspark plan --spark` and `explain=True`
-print (`render_decisions`). A lowering and the workers interpret modes; they decide
+print (`Plan.render`). A lowering and the workers interpret modes; they decide
 nothing themselves.
 
 Each `Rule` has a name, the targets it applies to (`batch`, `streaming`), a check
@@ -46,7 +46,6 @@ __all__ = [
     "Rule",
     "describe_rules",
     "optimize",
-    "render_decisions",
     "rule_names",
     "rules_arg",
     "shape_choices",
@@ -350,28 +349,33 @@ def _cheap_to_rerun(w: _Work, sid: int) -> Optional[str]:
     return "its stage is fed by another Python stage, which would run twice"
 
 
-def _check_sampling(w: _Work, step: str) -> Optional[str]:
-    sk = w.sinks[step]
+def _sole_spark_sink(w: _Work, sk: SinkPlan) -> Optional[str]:
+    """Why `sk` is not a sink Spark writes that alone reads its stage's only port, or `None`."""
     if sk.where != "native" or not hasattr(sk.sink, "schema"):
         return _NOT_NATIVE
-    if sk.sink.schema is not None:
-        return "the sink has a schema"
     if w.plan.dead_letter is not None:
         return "the run has a dead letter"
     if w.sink_of(sk.port[0]) is not sk:
         return f"stage {sk.port[0]} has other outputs"
+    return None
+
+
+def _check_sampling(w: _Work, step: str) -> Optional[str]:
+    sk = w.sinks[step]
+    why = _sole_spark_sink(w, sk)
+    if why is not None:
+        return why
+    if sk.sink.schema is not None:
+        return "the sink has a schema"
     return _cheap_to_rerun(w, sk.port[0])
 
 
 def _check_fusion(w: _Work, step: str) -> Optional[str]:
     sk = w.sinks[step]
     sid = sk.port[0]
-    if sk.where != "native" or not hasattr(sk.sink, "schema"):
-        return _NOT_NATIVE
-    if w.plan.dead_letter is not None:
-        return "the run has a dead letter"
-    if w.sink_of(sid) is not sk:
-        return f"stage {sid} has other outputs"
+    why = _sole_spark_sink(w, sk)
+    if why is not None:
+        return why
     if w.env.target == "batch":
         if sk.sink.schema is None and not w.applied("schema_sampling", f"sink {step}"):
             return "the schema comes from the stage's persisted output"
@@ -712,19 +716,6 @@ def _physical(spec: StageSpec) -> StageSpec:
         for ks in spec.chain
     )
     return dataclasses.replace(spec, chain=chain)
-
-
-def render_decisions(plan: Plan, where: str) -> list[str]:
-    """The decision lines of one stage, sink or the query, as `flowspark plan --spark` prints them.
-
-    Args:
-        plan: A physical plan (`optimize`).
-        where: `stage N`, `sink STEP_ID` or `query`.
-
-    Returns:
-        One line per rule decided there.
-    """
-    return [str(d) for d in plan.decisions if d.where == where]
 
 
 def shape_choices(plan: Plan) -> dict[str, bool]:

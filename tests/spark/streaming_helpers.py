@@ -181,3 +181,22 @@ class Tally:
         return isinstance(other, Tally) and other.n == self.n
 
     __hash__ = None  # type: ignore[assignment]
+
+
+class AlwaysPast(StatefulLogic):
+    """Every call asks for a notification at a time long past (item, notify and eof emits say which call)."""
+
+    def on_item(self, value: Any) -> tuple[list[Any], bool]:
+        return [("item", value)], False
+
+    def on_notify(self) -> tuple[list[Any], bool]:
+        return [("notify",)], False
+
+    def on_eof(self) -> tuple[list[Any], bool]:
+        return [("eof",)], True
+
+    def notify_at(self) -> Optional[datetime]:
+        return datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+    def snapshot(self) -> Any:
+        return None

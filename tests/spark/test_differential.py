@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from streaming_helpers import AlwaysPast
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
@@ -132,25 +133,6 @@ def test_two_timers_then_a_branch_and_merge_keep_the_in_memory_order(spark):
     assert per_key(out_s) == per_key(out_l) == {"a": [2001, 2001, 102]}
 
 
-class _AlwaysPast(StatefulLogic):
-    """Every call asks for a notification at a time long past."""
-
-    def on_item(self, value):
-        return [("item", value)], False
-
-    def on_notify(self):
-        return [("notify",)], False
-
-    def on_eof(self):
-        return [("eof",)], True
-
-    def notify_at(self):
-        return datetime(2000, 1, 1, tzinfo=timezone.utc)
-
-    def snapshot(self):
-        return None
-
-
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_a_notification_always_past_fires_as_in_memory_on_the_fixed_clock(spark, batch_size):
     """Spark batch's timeline is the fixed clock's: nothing fires before a new logic's first value."""
@@ -159,7 +141,7 @@ def test_a_notification_always_past_fires_as_in_memory_on_the_fixed_clock(spark,
         out: list = []
         flow = Dataflow("past")
         s = op.input("inp", flow, TestingSource([("a", i) for i in range(3)], batch_size=batch_size))
-        op.output("out", op.stateful("st", s, lambda _r: _AlwaysPast()), TestingSink(out))
+        op.output("out", op.stateful("st", s, lambda _r: AlwaysPast()), TestingSink(out))
         go(flow)
         outs.append(out)
     assert outs[0] == outs[1]

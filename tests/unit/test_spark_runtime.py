@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 from error_helpers import Boom, LockedBoom
+from streaming_helpers import AlwaysPast
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
@@ -670,31 +671,12 @@ def test_port_rows_check_keys_column_wise_and_name_the_first_bad_item():
         assert repr(bad) in str(info.value)
 
 
-class _AlwaysPast(StatefulLogic):
-    """Every call asks for a notification at a time long past."""
-
-    def on_item(self, value):
-        return [("item", value)], False
-
-    def on_notify(self):
-        return [("notify",)], False
-
-    def on_eof(self):
-        return [("eof",)], True
-
-    def notify_at(self):
-        return datetime(2000, 1, 1, tzinfo=timezone.utc)
-
-    def snapshot(self):
-        return None
-
-
 def test_a_new_logic_is_not_notified_before_its_first_value():
     """No runtime reads `notify_at()` before a logic's first values: the first activation fires nothing first."""
     from flowspark.runtime.driver import StepDriver
     from flowspark.testing import run_main
 
-    driver = StepDriver("f.st", stateful_builder(lambda _resume: _AlwaysPast()))
+    driver = StepDriver("f.st", stateful_builder(lambda _resume: AlwaysPast()))
     one = [(source_seq(0, 0, 0, i), i) for i in range(3)]  # one activation
     emits, _ = driver.drive("a", one, None, T0, True)
     assert [w for _t, w in emits] == [("item", 0), ("item", 1), ("item", 2), ("notify",), ("eof",)]
@@ -707,6 +689,6 @@ def test_a_new_logic_is_not_notified_before_its_first_value():
         out: list = []
         flow = Dataflow("f")
         s = op.input("inp", flow, TestingSource([("a", i) for i in range(3)], batch_size=batch_size))
-        op.output("out", op.stateful("st", s, lambda _r: _AlwaysPast()), TestingSink(out))
+        op.output("out", op.stateful("st", s, lambda _r: AlwaysPast()), TestingSink(out))
         run_main(flow, clock="fixed")
         assert [w for _k, w in out] == got_want
