@@ -95,6 +95,10 @@ class FlatMapBatch:
     columns may then map the values alone (`mapper` stays the reference, and gives
     the step's error for an item that is not a pair). `value_column`: set by `map_value`
     when `value_mapper` is proven to return `value[value_column]` (as `key_column`).
+
+    `clocked`: the mapper reads the clock once per call (`enrich_cached` with a `ttl`),
+    so how items are cut into calls can be seen; the in-memory executor then moves one
+    source batch (activation) at a time, as Bytewax does.
     """
 
     step_id: str
@@ -106,6 +110,7 @@ class FlatMapBatch:
     key_column: Optional[str] = None
     value_mapper: Optional[Callable[[Any], Any]] = None
     value_column: Optional[str] = None
+    clocked: bool = False
 
     @property
     def ups(self) -> tuple[str, ...]:

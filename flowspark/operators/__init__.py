@@ -954,7 +954,8 @@ def enrich_cached(
         now[0] = _now_getter()
         return [mapper(cache, x) for x in xs]
 
-    return flat_map_batch("flat_map_batch", up, shim_mapper)
+    # Each call reads the clock: with a finite `ttl` the cut into calls is visible.
+    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), clocked=ttl != timedelta.max)
 
 
 # ---------------------------------------------------------------------------

@@ -19,8 +19,11 @@ gathers several source batches records where each batch ends (*bounds*), and
 stateless steps keep those bounds on the streams that lead to a stateful step.
 
 Time: notifications (`notify_at`) are checked after every pass against
-`flowspark._time.utc_now()`, also while inputs are idle (PAUSE). With
-`clock="logical"` the executor uses no wall clock at all: see `run_main`.
+`flowspark._time.utc_now()`, also while inputs are idle (PAUSE), after the pass's
+items (those made due by them fire in that pass). Where time can be seen between
+activations (`_time_observable`: a step with timers, a clock-reading mapper), a pass
+carries one source batch, so notifications fire between activations as in Bytewax.
+With `clock="logical"` the executor uses no wall clock at all: see `run_main`.
 """
 
 from __future__ import annotations
@@ -541,23 +544,19 @@ class _StatefulRt(_Rt):
                     self.last[key] = now
                 for key in expired:
                     touched[key] = None
-            if self.heap:
-                self._on_notify(ex.now(), out, touched)
+            if self.notifies and not self.eof_done:
+                # After an activation's items, the notifications due by now fire (those its
+                # items made due included), before the next activation: as in Bytewax.
+                for key in touched:
+                    self._schedule(key)
+                if self.heap:
+                    for key in self._on_notify(ex.now(), out, touched):
+                        self._schedule(key)
             if self._eof_now(ex, items):
                 self.eof_done = True
-                if self.notifies:
-                    # Bytewax sees end of input in a later activation, which first fires the
-                    # notifications that the last items' `notify_at()` made due.
-                    for key in touched:
-                        self._schedule(key)
-                    if self.heap:
-                        self._on_notify(ex.now(), out, touched)
                 for key in sorted(self.logics):
                     touched[key] = None
                     self._emit(key, driver.eof(key, self.logics[key]), out)
-            if self.notifies:
-                for key in touched:
-                    self._schedule(key)
             # Notifications and end of input: one more activation (Bytewax's next wake-up).
             if out_ends is not None and len(out) != (out_ends[-1] if out_ends else 0):
                 out_ends.append(len(out))
@@ -627,7 +626,8 @@ class _StatefulRt(_Rt):
                 state = pickle.loads(pickle.dumps(driver.snapshot(key, logic)))  # noqa: S301
                 self.logics[key] = driver.build(key, state)
 
-    def _on_notify(self, now: datetime, out: list[Any], touched: dict[str, None]) -> None:
+    def _on_notify(self, now: datetime, out: list[Any], touched: dict[str, None]) -> list[str]:
+        """Fire the notifications due at `now` in sorted key order; return the keys notified."""
         heap = self.heap
         due: list[tuple[datetime, str]] = []
         while heap and heap[0][0] <= now:
@@ -636,12 +636,15 @@ class _StatefulRt(_Rt):
                 del self.sched[key]
                 due.append((at, key))
         # Due notifications fire in sorted key order (as in Bytewax), not in time order.
+        fired: list[str] = []
         for _at, key in sorted(due, key=_second):
             logic = self.logics.get(key)
             if logic is None:
                 continue
             touched[key] = None
+            fired.append(key)
             self._emit(key, self.driver.notify(key, logic), out)
+        return fired
 
     # -- clock="fixed": the per-key timeline of the Spark batch runtime ------------------
     def _step_fixed(
@@ -728,10 +731,12 @@ class _Executor:
         # items per pass (fewer, larger passes; same results).
         # With roundtrip_state, one source batch per pass too: logics are resumed after every batch.
         # With a state TTL too: each batch's values get the time of their own pass.
+        # And where time can be seen between activations (`_time_observable`).
         self.one_batch_per_pass = (
             roundtrip_state
             or state_ttl is not None
             or any(isinstance(n, ir.Merge) and len(n.ups) > 1 for n in graph.nodes)
+            or (not fixed_time and _time_observable(graph))
         )
         self.bounds: dict[str, Any] = {}
         resume: dict[str, dict[str, Any]] = {}
@@ -933,6 +938,23 @@ def _remap_bounds(bounds: list[int], counts: list[int]) -> Any:
         if end and (not ends or ends[-1] != end):
             ends.append(end)
     return None if len(ends) <= 1 else ends
+
+
+def _time_observable(graph: ir.Graph) -> bool:
+    """Whether the flow can tell one pass of many source batches from one batch per pass.
+
+    In Bytewax each source batch (activation) goes through the dataflow on its own and due
+    notifications fire between activations: a stateful step that can ask for notifications
+    (`ir.StatefulBatch.notifies`: timers, windows, `collect`) gets `on_notify` before the next
+    activation's items, and everything upstream of it (an `inspect`) sees one activation at
+    a time; a mapper reading the clock per call (`ir.FlatMapBatch.clocked`: `enrich_cached`
+    with a `ttl`) gets one call per activation. The IR says so; elsewhere the executor fuses
+    up to `_BATCH_TARGET` items per pass (same results, fewer passes).
+    """
+    return any(
+        (isinstance(n, ir.StatefulBatch) and n.notifies) or (isinstance(n, ir.FlatMapBatch) and n.clocked)
+        for n in graph.nodes
+    )
 
 
 def _leading_to_stateful(graph: ir.Graph) -> set[str]:

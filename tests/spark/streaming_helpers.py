@@ -200,3 +200,21 @@ class AlwaysPast(StatefulLogic):
 
     def snapshot(self) -> Any:
         return None
+
+
+class PastOnItem(AlwaysPast):
+    """Each item asks for a notification at a time long past; `on_notify` clears it (issue 27 point 6)."""
+
+    def __init__(self) -> None:
+        self.at: Optional[datetime] = None
+
+    def on_item(self, value: Any) -> tuple[list[Any], bool]:
+        self.at = datetime(2000, 1, 1, tzinfo=timezone.utc)
+        return super().on_item(value)
+
+    def on_notify(self) -> tuple[list[Any], bool]:
+        self.at = None
+        return super().on_notify()
+
+    def notify_at(self) -> Optional[datetime]:
+        return self.at

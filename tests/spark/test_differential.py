@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from streaming_helpers import AlwaysPast
+from streaming_helpers import AlwaysPast, PastOnItem
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
@@ -146,6 +146,30 @@ def test_a_notification_always_past_fires_as_in_memory_on_the_fixed_clock(spark,
         outs.append(out)
     assert outs[0] == outs[1]
     assert outs[0][0] == ("a", ("item", 0))
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "want"),
+    [
+        (1, ["item", "notify", "item", "notify", "item", "notify", "eof"]),
+        (3, ["item", "item", "item", "notify", "eof"]),
+    ],
+)
+def test_a_notification_made_due_by_an_item_fires_alike_on_every_runtime(spark, batch_size, want):
+    """Due notifications fire between source batches in memory (both clocks) and on Spark batch alike."""
+    outs = []
+    for go in (
+        run_main,
+        lambda f: run_main(f, clock="fixed", start_time=T0),
+        lambda f: run(f, spark=spark, start_time=T0),
+    ):
+        out: list = []
+        flow = Dataflow("past")
+        s = op.input("inp", flow, TestingSource([("a", i) for i in range(3)], batch_size=batch_size))
+        op.output("out", op.stateful("st", s, lambda _r: PastOnItem()), TestingSink(out))
+        go(flow)
+        outs.append([w[0] for _k, w in out])
+    assert outs == [want, want, want]
 
 
 #: Steps whose output never depends on end of input or on when timers fire within a batch.

@@ -27,6 +27,8 @@ import pytest
 HAVE_BYTEWAX = importlib.util.find_spec("bytewax") is not None
 LIBS = ["bytewax", "flowspark"]
 T0 = datetime(2023, 1, 1, 5, 0, tzinfo=timezone.utc)
+#: Bytewax's own stateful tests run with epoch_interval=0 (an epoch per activation).
+ZERO = timedelta(0)
 
 pytestmark = pytest.mark.bytewax
 
@@ -60,13 +62,13 @@ def lib(request: Any) -> Lib:
     return _lib(request.param)
 
 
-def _run(lib: Lib, items: list[Any], build: Callable[[Lib, Any], Any]) -> list[Any]:
+def _run(lib: Lib, items: list[Any], build: Callable[[Lib, Any], Any], **run_kw: Any) -> list[Any]:
     flow = lib.flow()
     out: list[Any] = []
     lib.op.output(
         "out", build(lib, lib.op.input("inp", flow, lib.testing.TestingSource(items))), lib.testing.TestingSink(out)
     )
-    lib.testing.run_main(flow)
+    lib.testing.run_main(flow, **run_kw)
     return out
 
 
@@ -138,6 +140,106 @@ def test_simple_polling_align_to_first_poll(lib: Lib, now: datetime, first: date
     part = polling(now, interval=timedelta(minutes=30), align_to=align, getter=retry, snapshot=lambda: None)
     assert part.next_batch() == []
     assert part.next_awake() == first + timedelta(seconds=5)
+
+
+# =====================================================================================
+# Activation order: due notifications fire between source batches (issue 29 item 2)
+# =====================================================================================
+
+
+def _notify_logic(lib: Lib, after_notify: bool, log: list[Any]) -> Any:
+    """Bytewax's own test logic (pytests/operators/test_stateful.py): each item asks for a
+    notification now; `on_notify` clears it and keeps or discards the state."""
+
+    class Logic(lib.op.StatefulLogic):  # type: ignore[name-defined,misc]
+        def __init__(self, state: Any) -> None:
+            self.at: Any = None
+            self.state = state if state is not None else "NEW"
+
+        def _to(self, new: str, discard: bool) -> Any:
+            old, self.state = self.state, new
+            log.append((old, new))
+            return [(old, new)], discard
+
+        def on_item(self, value: Any) -> Any:
+            self.at = datetime.now(timezone.utc)
+            return self._to("ITEM", False)
+
+        def on_notify(self) -> Any:
+            self.at = None
+            return self._to("NOTIFY", after_notify)
+
+        def on_eof(self) -> Any:
+            return self._to("EOF", False)
+
+        def notify_at(self) -> Any:
+            return self.at
+
+        def snapshot(self) -> Any:
+            return self.state
+
+    return Logic
+
+
+@pytest.mark.parametrize(
+    ("discard", "want"),
+    [
+        (True, [("NEW", "ITEM"), ("ITEM", "NOTIFY"), ("NEW", "ITEM"), ("ITEM", "NOTIFY")]),
+        (False, [("NEW", "ITEM"), ("ITEM", "NOTIFY"), ("NOTIFY", "ITEM"), ("ITEM", "NOTIFY")]),
+    ],
+)
+def test_a_due_notification_fires_before_the_next_source_batch(lib: Lib, discard: bool, want: list[Any]) -> None:
+    # Bytewax's test_stateful_on_notify_discard / _retain, unchanged.
+    log: list[Any] = []
+    logic = _notify_logic(lib, discard, log)
+
+    def build(lib: Lib, s: Any) -> Any:
+        return lib.op.stateful("stateful", lib.op.key_on("key", s, lambda _x: "ALL"), logic)
+
+    out = _run(lib, [1, 2, lib.testing.TestingSource.ABORT()], build, epoch_interval=ZERO)
+    assert [v for _k, v in out] == want
+
+
+def test_notifications_and_end_of_input_interleave_with_the_items(lib: Lib) -> None:
+    # Without ABORT: each item's notification fires before the next item, then on_eof.
+    log: list[Any] = []
+    logic = _notify_logic(lib, False, log)
+
+    def build(lib: Lib, s: Any) -> Any:
+        return lib.op.stateful("stateful", lib.op.key_on("key", s, lambda _x: "ALL"), logic)
+
+    out = _run(lib, [1, 2, 3], build, epoch_interval=ZERO)
+    assert [v[1] for _k, v in out] == ["ITEM", "NOTIFY", "ITEM", "NOTIFY", "ITEM", "NOTIFY", "EOF"]
+
+
+def test_inspect_upstream_of_a_timer_sees_one_source_batch_at_a_time(lib: Lib) -> None:
+    seen: list[Any] = []
+    logic = _notify_logic(lib, False, [])
+
+    def build(lib: Lib, s: Any) -> Any:
+        s = lib.op.inspect("saw", s, lambda _sid, x: seen.append(("saw", x)))
+        s = lib.op.stateful("stateful", lib.op.key_on("key", s, lambda _x: "ALL"), logic)
+        return lib.op.inspect("emit", s, lambda _sid, kv: seen.append(kv[1][1]))
+
+    _run(lib, [1, 2], build, epoch_interval=ZERO)
+    assert seen == [("saw", 1), "ITEM", "NOTIFY", ("saw", 2), "ITEM", "NOTIFY", "EOF"]
+
+
+@pytest.mark.parametrize("ttl", [timedelta(0), timedelta(hours=1)])
+def test_enrich_cached_reads_the_clock_once_per_source_batch(lib: Lib, ttl: timedelta) -> None:
+    # With ttl=0 every source batch (one item each) fetches again: its "now" is later than
+    # the previous batch's; within one batch the "now" stands still.
+    fetches: list[str] = []
+
+    def getter(k: str) -> int:
+        fetches.append(k)
+        return len(fetches)
+
+    def build(lib: Lib, s: Any) -> Any:
+        return lib.op.enrich_cached("e", s, getter, lambda c, x: c.get(x), ttl=ttl)
+
+    out = _run(lib, ["k", "k", "k"], build)
+    assert out == ([1, 2, 3] if ttl == timedelta(0) else [1, 1, 1])
 
 
 # =====================================================================================

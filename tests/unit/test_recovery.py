@@ -236,7 +236,7 @@ def test_resume_builds_every_snapshotted_key_eagerly(db):
 
 def test_resume_reschedules_notifications(db):
     items = [("a", 1), ABORT(), TestingSource.PAUSE(timedelta(seconds=0.5)), ("b", 1)]
-    run = Runner(db, items, lambda s: op.collect("c", s, timedelta(milliseconds=5), max_size=10))
+    run = Runner(db, items, lambda s: op.collect("c", s, timedelta(milliseconds=200), max_size=10))
     assert run() == []
     # The collected item comes back with its deadline, which has passed: it is emitted before b's.
     assert run() == [("a", [1]), ("b", [1])]
