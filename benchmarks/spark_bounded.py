@@ -258,8 +258,12 @@ def main() -> None:
         )
 
     from flowspark.spark.batch import describe_stage
+    from flowspark.spark.tools import physical_plans
 
-    print(compile_flow(build_flowspark(SparkSource("parquet", path), [])).render(describe_stage))
+    # The physical plan the run uses, with the optimizer's decisions (built by the job's own builder).
+    print(
+        physical_plans(compile_flow(build_flowspark(SparkSource("parquet", path), [])), spark)[0].render(describe_stage)
+    )
     # Warm-up (JVM, Python workers, code paths) of every job on the same file.
     run(build_flowspark(TestingSource([{"user": "u1", "amount": 1}] * 1000), []), spark=spark)
     flowspark_parquet()
@@ -313,9 +317,8 @@ def main() -> None:
             .parquet(out_hw)
         )
 
-    print(
-        compile_flow(build_whole_job(SparkSource("parquet", path), SparkSink("parquet", out_fs))).render(describe_stage)
-    )
+    whole_plan = compile_flow(build_whole_job(SparkSource("parquet", path), SparkSink("parquet", out_fs)))
+    print(physical_plans(whole_plan, spark)[0].render(describe_stage))
 
     def whole_same_functions() -> None:
         (

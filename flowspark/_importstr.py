@@ -27,7 +27,7 @@ from typing import Any, Optional
 from flowspark.dataflow import Dataflow
 from flowspark.errors import ImportStrError
 
-__all__ = ["ImportStr", "locate_dataflow", "parse_import_str"]
+__all__ = ["ImportStr", "locate_dataflow", "module_for_file", "parse_import_str"]
 
 _FORMS = "`module[:attr]` or `path/file.py[:attr]` (e.g. `my_flows:flow` or `flows/wordcount.py:get_flow('x')`)"
 
@@ -154,7 +154,7 @@ def parse_import_str(text: str) -> ImportStr:
     return ImportStr(text, target, is_file, attr, call, args, kwargs)
 
 
-def _module_for_file(spec: ImportStr) -> tuple[str, Path, Path]:
+def module_for_file(spec: ImportStr) -> tuple[str, Path, Path]:
     """Return `(module name, sys.path entry, expected __file__)` for a file import string."""
     path = Path(spec.target).expanduser().resolve()
     if path.is_dir():
@@ -197,7 +197,7 @@ def _shadowed(spec: ImportStr, name: str, module: Any, expected: Path) -> Option
 
 def _import(spec: ImportStr) -> Any:
     if spec.is_file:
-        name, root, expected = _module_for_file(spec)
+        name, root, expected = module_for_file(spec)
         already = sys.modules.get(name)
         if already is not None:
             err = _shadowed(spec, name, already, expected)

@@ -213,9 +213,9 @@ def to_text(flow: Any, recursive: bool = False) -> str:
           eg.double (map) <- eg.inp
           eg.out (output) <- eg.double
     """
-    from flowspark.visualize import _Model
+    from flowspark.visualize import RenderModel
 
-    model = _Model(flow, recursive)
+    model = RenderModel(flow, recursive)
     src = {e.stream_id: (e.src, e.port) for e in model.edges}
     lines = [f"dataflow {model.flow_id!r}: {len(model.steps)} steps"]
 

@@ -583,14 +583,14 @@ def _check_batch_size(owner: str, batch_size: Any) -> int:
     return batch_size
 
 
-def _cwd_note(path: Path) -> str:
+def cwd_note(path: Path) -> str:
     """For a relative path, say what it was resolved against (empty for absolute paths)."""
     return "" if path.is_absolute() else f" (relative to the current directory {os.getcwd()!r})"
 
 
 def _require_file(owner: str, path: Path) -> None:
     if not path.exists():
-        msg = f"{owner}: input file {str(path)!r} does not exist{_cwd_note(path)}; create it or fix the path"
+        msg = f"{owner}: input file {str(path)!r} does not exist{cwd_note(path)}; create it or fix the path"
         raise FileNotFoundError(msg)
     if path.is_dir():
         msg = f"{owner}: {str(path)!r} is a directory, not a file; use DirSource to read every file in it"
@@ -763,7 +763,7 @@ class DirSource(FixedPartitionedSource[str, int]):
     def _check_dir(self) -> None:
         d = self._dir_path
         if not d.exists():
-            msg = f"DirSource: input directory `{d}` does not exist{_cwd_note(d)}; create it or fix the path"
+            msg = f"DirSource: input directory `{d}` does not exist{cwd_note(d)}; create it or fix the path"
             raise MissingPathError(msg)
         if not d.is_dir():
             msg = f"DirSource: input directory `{d}` is not a directory; use FileSource to read a single file"

@@ -17,7 +17,7 @@ from zlib import adler32
 from typing_extensions import override
 
 from flowspark.errors import FlowsparkBuildError, FlowsparkTypeError, RecoveryError
-from flowspark.inputs import _cwd_note
+from flowspark.inputs import cwd_note
 
 X = TypeVar("X")
 S = TypeVar("S")
@@ -314,7 +314,7 @@ class DirSink(FixedPartitionedSink[str, int]):
         if not self._dir_path.is_dir():
             msg = (
                 f"DirSink: output directory {str(self._dir_path)!r} does not exist"
-                f"{_cwd_note(self._dir_path)}; create it first"
+                f"{cwd_note(self._dir_path)}; create it first"
             )
             raise FileNotFoundError(msg)
         self._file_count = file_count

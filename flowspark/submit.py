@@ -118,11 +118,11 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _module_origin(spec_text: str) -> tuple[str, Path, Path]:
     """`(module name, sys.path root, what to package)` of an import string's module (already imported)."""
-    from flowspark._importstr import _module_for_file, parse_import_str
+    from flowspark._importstr import module_for_file, parse_import_str
 
     spec = parse_import_str(spec_text)
     if spec.is_file:
-        name, root, _path = _module_for_file(spec)
+        name, root, _path = module_for_file(spec)
     else:
         name = spec.target
         module = sys.modules.get(name)

@@ -81,7 +81,7 @@ class _Edge:
         return self.stream_id.rsplit(".", 1)[-1]
 
 
-class _Model:
+class RenderModel:
     """The operator tree and the streams of one dataflow, at one level of detail."""
 
     def __init__(self, flow: Dataflow, recursive: bool) -> None:
@@ -167,7 +167,7 @@ def to_steps_json(flow: Dataflow, recursive: bool = False) -> str:
         >>> [(e["from"], e["to"]) for e in doc["streams"]]
         [('eg.inp', ['eg.double']), ('eg.double', ['eg.out'])]
     """
-    model = _Model(flow, recursive)
+    model = RenderModel(flow, recursive)
     doc = {
         "flow_id": model.flow_id,
         "recursive": recursive,
@@ -210,7 +210,7 @@ def to_flowchart(flow: Dataflow, recursive: bool = False) -> str:
         s0 -->|down| s1
         s1 -->|down| s2
     """
-    model = _Model(flow, recursive)
+    model = RenderModel(flow, recursive)
     lines = ["flowchart TD", f"subgraph flow_{_safe(model.flow_id)}{_label(model.flow_id + ' (Dataflow)')}"]
     ids = _nest(
         model,
@@ -264,7 +264,7 @@ def to_plantuml(flow: Dataflow, recursive: bool = False) -> str:
         s1 --> s2 : down
         @enduml
     """
-    model = _Model(flow, recursive)
+    model = RenderModel(flow, recursive)
     lines = ["@startuml", f"title {model.flow_id} (Dataflow)"]
     ids = _nest(
         model,
@@ -284,7 +284,7 @@ def to_plantuml(flow: Dataflow, recursive: bool = False) -> str:
 
 
 def _nest(
-    model: _Model,
+    model: RenderModel,
     recursive: bool,
     depth: int,
     lines: list[str],

@@ -44,7 +44,7 @@ from flowspark.spark.rows import RowSchema, row_schema
 from flowspark.spark.session import default_parallelism, is_connect, quiet_query_context
 from flowspark.spark.worker import dict_rows, no_gc, stage_function
 
-__all__ = ["check_bounded", "describe_keyed_state", "describe_stage", "run_plan"]
+__all__ = ["build_dataframes", "check_bounded", "describe_keyed_state", "describe_stage", "run_plan"]
 
 _log = logging.getLogger("flowspark.spark")
 _ROW_SCHEMA = "p int, k string, seq binary, v binary"
@@ -670,6 +670,28 @@ def _misfits(step_id: str, rows: Optional[RowSchema]) -> Callable[[Iterator[Any]
 
 
 @quiet_query_context()
+def build_dataframes(plan: Plan, spark: Any, rules: tuple[frozenset[str], str]) -> tuple[Plan, dict[int, Any]]:
+    """Optimize `plan` and build each stage's DataFrame as a run would, running no job.
+
+    (What a `SparkSource` needs to infer its schema aside.) For `flowspark plan --spark`
+    and `flowspark.spark.tools.physical_plans`: what is shown is what runs.
+
+    Args:
+        plan: The plain plan (`compile_flow`).
+        spark: The SparkSession.
+        rules: The rules switched on (`flowspark.spark.optimize.rules_arg`).
+
+    Returns:
+        `(physical plan, {stage id: DataFrame})`; a stage whose steps run in the keyed stage
+        reading it (the rule `spark_keys`) has no DataFrame of its own.
+    """
+    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
+    job = _Job(plan, spark, datetime.now(timezone.utc), partitions, 20_000)
+    physical = job.optimize(rules)
+    job.build(persist=False)
+    return physical, dict(job.dfs)
+
+
 def run_plan(
     plan: Plan,
     *,

@@ -4,7 +4,7 @@
 `inspect` and `pass` (`redistribute`) ops over its streams, in place; a user error
 becomes the step's `FlowsparkRuntimeError`, or, with a dead letter, the item's
 record. `screen_keyed` and `checked_keys` check the items entering a keyed step;
-`one_to_one_line` and `through` are the fast path of a line of one-to-one mappers.
+`through` runs the rule `mapper_line`: a line of one-to-one mappers called on whole lists.
 Called by the stage function (`flowspark.spark.worker`) and the streaming state's
 bucket calls (`flowspark.spark.streaming.state`).
 """
@@ -25,7 +25,7 @@ from flowspark.spark.plan import Op, StageSpec
 #: stage) or a list receiving `(seq, record)` pairs (`flowspark.deadletter.record`).
 Dead = Optional[list[tuple[bytes, Any]]]
 
-__all__ = ["Dead", "apply_ops", "checked_keys", "one_to_one_line", "screen_keyed", "stage_streams", "through"]
+__all__ = ["Dead", "apply_ops", "checked_keys", "screen_keyed", "stage_streams", "through"]
 
 _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
@@ -202,23 +202,6 @@ def checked_keys(step_id: str, xs: list[Any]) -> list[str]:
     if set(map(type, ks)) != {str}:
         raise routing_error(step_id, _first_bad_key_item(step_id, xs))
     return ks
-
-
-def one_to_one_line(spec: StageSpec) -> Optional[tuple[Callable[[list[Any]], Any], ...]]:
-    """The batch mappers from the stage's entry to its only port, or `None`.
-
-    That is when the stage's steps are one line of one-to-one `map` steps (and redistributes).
-    """
-    stream = spec.entry
-    fns = []
-    for o in spec.ops:
-        if o.ups != (stream,) or len(o.downs) != 1 or not (o.kind == "pass" or (o.kind == "map" and o.one_to_one)):
-            return None
-        if o.kind == "map":
-            assert o.fn is not None
-            fns.append(o.fn)
-        stream = o.downs[0]
-    return tuple(fns) if len(spec.ports) == 1 and stream == spec.ports[0].stream else None
 
 
 def through(fns: tuple[Callable[[list[Any]], Any], ...], xs: list[Any]) -> Optional[list[Any]]:

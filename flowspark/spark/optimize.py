@@ -402,6 +402,14 @@ def _sink_mode(name: str) -> Callable[[_Work, str], None]:
     return apply
 
 
+def _check_line(w: _Work, sid: int) -> Optional[str]:
+    if "sink_fusion" not in w.spec(sid).modes:
+        return "the stage does not write a sink's rows (sink_fusion)"
+    if w.spec(sid).one_to_one_mappers() is None:
+        return "the stage's steps after its entry are not one line of one-to-one maps"
+    return None
+
+
 def _check_flat(w: _Work, sid: int) -> Optional[str]:
     if not w.applied("bare_state", f"stage {sid}"):
         return "bare_state did not apply"
@@ -563,6 +571,17 @@ RULES: tuple[Rule, ...] = (
         "the stage feeding a SparkSink emits the sink's typed rows itself (no pass converting pickled items)",
         _check_fusion,
         _sink_mode("sink_fusion"),
+    ),
+    Rule(
+        "mapper_line",
+        "stage",
+        _BOTH,
+        False,
+        "a stage writing a sink's rows whose steps are one line of one-to-one maps calls each mapper on the "
+        "whole list of items, with no sequences",
+        _check_line,
+        _mode("mapper_line"),
+        frozenset({"source", "map", "keyed"}),
     ),
     Rule(
         "flat_driver",

@@ -181,6 +181,24 @@ class StageSpec:
     per_batch: int = 1
     modes: frozenset[str] = frozenset()
 
+    def one_to_one_mappers(self) -> Optional[tuple[Callable[[list[Any]], Any], ...]]:
+        """The batch mappers from the stage's entry to its only port, or `None`.
+
+        That is when the stage's steps are one line of one-to-one `map` steps (and
+        redistributes) ending at its only port (what the rule `mapper_line` needs).
+        """
+        stream = self.entry
+        fns = []
+        for o in self.ops:
+            one_to_one = o.kind == "pass" or (o.kind == "map" and o.one_to_one)
+            if o.ups != (stream,) or len(o.downs) != 1 or not one_to_one:
+                return None
+            if o.kind == "map":
+                assert o.fn is not None
+                fns.append(o.fn)
+            stream = o.downs[0]
+        return tuple(fns) if len(self.ports) == 1 and stream == self.ports[0].stream else None
+
 
 @dataclass(frozen=True)
 class StagePlan:

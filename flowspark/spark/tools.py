@@ -17,7 +17,6 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional, TextIO
 
@@ -56,15 +55,11 @@ def physical_plans(
         `(physical plan, [(stage id, plan text)])`; a stage whose steps run in the keyed stage
         reading it (the rule `spark_keys`) has no DataFrame of its own and no entry.
     """
-    from flowspark.spark.batch import _Job
+    from flowspark.spark.batch import build_dataframes
     from flowspark.spark.optimize import rules_arg
 
-    now = datetime.now(timezone.utc)
-    partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
-    job = _Job(plan, spark, now, partitions, 20_000)
-    physical = job.optimize(rules_arg(rules, "flowspark plan"))
-    job.build(persist=False)
-    return physical, [(sid, explain_string(spark, df, mode)) for sid, df in sorted(job.dfs.items())]
+    physical, dfs = build_dataframes(plan, spark, rules_arg(rules, "flowspark plan"))
+    return physical, [(sid, explain_string(spark, df, mode)) for sid, df in sorted(dfs.items())]
 
 
 def _fmt(n: int) -> str:

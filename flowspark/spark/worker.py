@@ -33,7 +33,7 @@ from flowspark.spark.codec import (
     read_head,
     source_items,
 )
-from flowspark.spark.ops import Dead, apply_ops, checked_keys, one_to_one_line, screen_keyed, stage_streams, through
+from flowspark.spark.ops import Dead, apply_ops, checked_keys, screen_keyed, stage_streams, through
 from flowspark.spark.plan import DEAD_PORT, Op, StageSpec
 
 if TYPE_CHECKING:
@@ -541,7 +541,8 @@ def stage_function(
                 schema=schema,
             )
 
-        line = one_to_one_line(spec) if sink is not None else None
+        # The rule `mapper_line`: the stage's steps are one line of one-to-one mappers.
+        line = spec.one_to_one_mappers() if sink is not None and "mapper_line" in spec.modes else None
 
         def sink_batch(items: list[tuple[bytes, Any]]) -> Any:
             assert sink is not None

@@ -146,6 +146,8 @@ CASES = [
     ("schema_sampling", "sink sampled.out", "sampled"),
     ("sink_fusion", "sink rows.out", "columns"),
     ("sink_fusion", "sink rows.out", "python_stream"),
+    ("mapper_line", "stage 1", "columns"),
+    ("mapper_line", "stage 1", "python_stream"),
     ("flat_driver", "stage 1", "python_stream"),
     ("ordered_source", "stage 1", "python_stream"),
     ("file_order", "stage 1", "parquet_stream"),

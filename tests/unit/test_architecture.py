@@ -118,14 +118,8 @@ def _private_imports() -> list[str]:
     return found
 
 
-def test_no_module_imports_another_modules_private_names_but_the_known_ones():
-    # Known, still to be made public or moved (issue "One optimizer"): these and no new ones.
-    assert sorted(_private_imports()) == [
-        "flowspark.cli: flowspark.visualize._Model",
-        "flowspark.outputs: flowspark.inputs._cwd_note",
-        "flowspark.spark.tools: flowspark.spark.batch._Job",
-        "flowspark.submit: flowspark._importstr._module_for_file",
-    ]
+def test_no_module_imports_another_modules_private_names():
+    assert _private_imports() == []
 
 
 # --------------------------------------------------------------------------- sizes and complexity

@@ -39,7 +39,7 @@ from flowspark.errors import FlowsparkRuntimeError
 from flowspark.runtime.driver import drive_chain, drive_states, idx
 from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.columns import ID_COLUMN
-from flowspark.spark.ops import one_to_one_line, stage_streams, through
+from flowspark.spark.ops import stage_streams, through
 from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.keylayout import KeyTable, dump_state, key_processor
 from flowspark.spark.streaming.routing import Route, forward_frame
@@ -202,7 +202,8 @@ class BucketDriver:
         # The rule `flat_driver`: one such step writing a sink's rows, no timers, routes or dead
         # letter: each key's values are mapped as a list, and the sink's items built without sequences.
         self.flat = "flat_driver" in spec.modes
-        self.sink_line = one_to_one_line(spec) if sink_rows is not None else None
+        # The rule `mapper_line`: the steps after the chain are one line of one-to-one mappers.
+        self.sink_line = spec.one_to_one_mappers() if sink_rows is not None and "mapper_line" in spec.modes else None
         # The rule `file_order`: the rows come numbered by their file and row index.
         self.file_order = "file_order" in spec.modes
         self.depth_in = spec.depth_in
