@@ -95,6 +95,10 @@ class FlatMapBatch:
     columns may then map the values alone (`mapper` stays the reference, and gives
     the step's error for an item that is not a pair). `value_column`: set by `map_value`
     when `value_mapper` is proven to return `value[value_column]` (as `key_column`).
+
+    `value_constant`: set by an operator whose `value_mapper` returns the same value for
+    every value and never raises (`count_final`'s ones): a runtime that only counts the
+    values need not call it.
     """
 
     step_id: str
@@ -106,6 +110,7 @@ class FlatMapBatch:
     key_column: Optional[str] = None
     value_mapper: Optional[Callable[[Any], Any]] = None
     value_column: Optional[str] = None
+    value_constant: bool = False
 
     @property
     def ups(self) -> tuple[str, ...]:
@@ -196,6 +201,13 @@ class StatefulBatch:
     (`None`: fresh) and fed `values` emits and ends with (`None`: discarded). Such a logic
     never notifies, emits nothing at EOF and snapshots a deep copy of its state, so a
     runtime may drive bare states instead of logic objects (`StepDriver.drive_state`).
+
+    `reduction`: what the step emits, set by the operator that knows it: `"count"` (the number
+    of a key's values), `"sum"` (their sum with `+`), `"max"` or `"min"` (the largest or
+    smallest, as `builtins.max` / `min` compare), one `(key, result)` per key at end of input
+    (`reduce_final` with `operator.add`, `max` or `min`; `count_final`; `max_final` / `min_final`
+    without `by`; `fold_final` with `flowspark.reducers`). A runtime may then compute it as an
+    aggregate instead of driving the logic (the builder stays the reference).
     """
 
     step_id: str
@@ -205,6 +217,7 @@ class StatefulBatch:
     notifies: bool = True
     eof_only: bool = False
     batch_fn: Optional[Callable[[Any, list[Any]], tuple[Any, list[Any]]]] = None
+    reduction: Optional[str] = None
 
     @property
     def ups(self) -> tuple[str, ...]:

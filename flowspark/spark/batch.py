@@ -37,6 +37,7 @@ from flowspark.spark.columns import (
     union_all,
 )
 from flowspark.spark.inputs import load_rows
+from flowspark.spark.native import Aggregates, describe_aggregate, python_pass
 from flowspark.spark.optimize import Env, optimize, rules_arg
 from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
@@ -74,6 +75,8 @@ def describe_stage(st: StagePlan) -> str:
             "native": "the SparkSource DataFrame",
         }[st.spec.source]
         return f"{head} -> mapInArrow"
+    if st.spec.native is not None:
+        return describe_aggregate(st.spec.native)
     if st.kind == "keyed":
         ck = st.spec.column_key
         if ck is None:
@@ -157,6 +160,10 @@ class _Job:
         self.dead: Any = None
         #: The keyed stages Spark keys itself (the rule `spark_keys`), each with its source DataFrame.
         self.keyed_by_spark: dict[int, Any] = {}
+        #: The aggregates of the stages Spark aggregates (the rule `native_reduction`).
+        self.aggregates = Aggregates(plan)
+        #: The run allows float reductions as Spark aggregates (`run_plan(float_reductions=...)`).
+        self.float_reductions = False
 
     def optimize(self, rules: tuple[frozenset[str], str]) -> Plan:
         """Decide every rule for this job (`flowspark.spark.optimize`); the job then runs the physical plan.
@@ -170,8 +177,9 @@ class _Job:
         columns = {
             st.spec.stage_id: column_kinds(self.source_df(st)) for st in self.plan.stages if st.spec.source == "native"
         }
-        env = Env("batch", rules=rules[0], rules_text=rules[1], connect=self.connect, columns=columns)
+        env = Env("batch", *rules, connect=self.connect, columns=columns, float_reductions=self.float_reductions)
         self.plan = optimize(self.plan, env)
+        self.aggregates = Aggregates(self.plan)
         self.keyed_by_spark = {
             st.spec.stage_id: self.loaded[st.spec.column_key.source_stage]
             for st in self.plan.stages
@@ -183,7 +191,7 @@ class _Job:
     def uses(self) -> dict[int, int]:
         n: dict[int, int] = {}
         for st in self.plan.stages:
-            for s, _p, _pad in st.inputs:
+            for s, _p, _pad in () if st.spec.native else st.inputs:  # Spark aggregates the source's rows
                 n[s] = n.get(s, 0) + 1
         driver_stages = {sk.port[0] for sk in self.plan.sinks if sk.where == "driver"}
         driver_stages |= {ins.port[0] for ins in self.plan.inspects}
@@ -212,9 +220,14 @@ class _Job:
             sid = st.spec.stage_id
             if "keyed_by_spark" in st.spec.modes:
                 continue
+            agg = st.spec.native
+            native = agg and self.aggregates.input(sid, agg, self.loaded[agg.source_stage], self.persisted, persist)
             if sid in column_keys:
                 self.inputs[sid] = (self.column_key_input(st, column_keys[sid]), True)
+            elif native is not None:
+                self.inputs[sid] = (native, False)
             else:
+                self.plan, st = python_pass(self.plan, st)
                 self.inputs[sid] = (self.stage_input(st), False)
             inp, column_key = self.inputs[sid]
             df = inp.mapInArrow(stage_function(st.spec, self.now, column_key=column_key), _ROW_SCHEMA)
@@ -682,6 +695,7 @@ def run_plan(
     dead_letter: Any = None,
     progress: Any = True,  # noqa: ARG001
     rules: Any = None,
+    float_reductions: bool = False,
 ) -> None:
     """Run a compiled plan on Spark as batch jobs; return when it is done.
 
@@ -715,6 +729,9 @@ def run_plan(
         rules: Which fast paths may apply (`flowspark.spark.optimize.rules_arg`): `"all"`,
             `"none"` or `"-NAME,-NAME"`; default the environment variable `FLOWSPARK_RULES`,
             else all. Every rule gives the same output as `"none"`.
+        float_reductions: Let the rule `native_reduction` compute sums, maxima and minima of
+            float columns as Spark aggregates: a sum may differ in its last bits (Spark adds in
+            another order), and NaN and -0.0 may compare otherwise than in Python (docs/spark.md).
 
     Raises:
         FlowsparkRuntimeError: A user callable failed (names the step, carries the
@@ -755,6 +772,10 @@ def run_plan(
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
     job = _Job(plan, spark, start_time, partitions, chunk_size)
+    if not isinstance(float_reductions, bool):
+        msg = f"flowspark.spark.run: float_reductions must be True or False; received {float_reductions!r}"
+        raise FlowsparkTypeError(msg)
+    job.float_reductions = float_reductions
     try:
         with no_gc():  # the driver pickles and unpickles items in bulk too
             plan = job.optimize(chosen)

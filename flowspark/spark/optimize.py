@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional
 
 from flowspark.errors import FlowsparkTypeError
 from flowspark.spark.columns import ID_COLUMN
-from flowspark.spark.plan import ColumnKey, Plan, SinkPlan, StagePlan, StageSpec
+from flowspark.spark.plan import Aggregate, ColumnKey, Decision, Plan, SinkPlan, StagePlan, StageSpec
 
 __all__ = [
     "ENV_VAR",
@@ -78,6 +78,8 @@ class Env:
         atomic_sinks: Outputs whose given schema has only atomic columns.
         recorded: Shape choices recorded in the checkpoint by an earlier run (`rule name ->
             applied`); a rule missing here was not recorded (a new checkpoint).
+        float_reductions: The run allows sums, maxima and minima of float columns as Spark
+            aggregates (`run_plan(float_reductions=True)`), which may differ from Python's.
     """
 
     target: str
@@ -93,27 +95,7 @@ class Env:
     writer_sink: Optional[str] = None
     atomic_sinks: frozenset[str] = frozenset()
     recorded: Mapping[str, bool] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What one rule decided for one stage, sink or the query.
-
-    Attributes:
-        rule: The rule's name.
-        where: `stage N`, `sink STEP_ID` or `query`.
-        applied: Whether it applied.
-        reason: Why not (empty when applied).
-    """
-
-    rule: str
-    where: str
-    applied: bool
-    reason: str = ""
-
-    def __str__(self) -> str:
-        """`rule NAME: applied` or `rule NAME: not applied (REASON)`."""
-        return f"rule {self.rule}: applied" if self.applied else f"rule {self.rule}: not applied ({self.reason})"
+    float_reductions: bool = False
 
 
 class _Work:
@@ -266,26 +248,65 @@ def _column_key(w: _Work, sid: int) -> ColumnKey | str:
     return ColumnKey(column, src_id, spec.source_step, spec.source_index, spec.entry, tuple(spec.ops), out)
 
 
-def _column_refusal(w: _Work, ck: ColumnKey) -> Optional[str]:
-    cols = w.env.columns.get(ck.source_stage)
+def _column_refusal(w: _Work, stage: int, column: str) -> Optional[str]:
+    cols = w.env.columns.get(stage)
     if cols is None:
         return "the SparkSource's columns are read with a session; this plan was made without one"
     names = [n for n, _t in cols]
-    if names.count(ck.column) != 1:
-        return f"the DataFrame has {names.count(ck.column)} columns named {ck.column!r}"
+    if names.count(column) != 1:
+        return f"the DataFrame has {names.count(column)} columns named {column!r}"
     if ID_COLUMN in names:
         return f"the DataFrame has a column named {ID_COLUMN!r}"
-    kind = dict(cols)[ck.column]
+    kind = dict(cols)[column]
     if kind != "string":
-        return f"column {ck.column!r} is {kind}, not string"
+        return f"column {column!r} is {kind}, not string"
     return None
 
 
+_INTEGRAL = frozenset({"tinyint", "smallint", "int", "bigint"})
+_FLOATS = frozenset({"float", "double"})
+
+
+def _check_native(w: _Work, sid: int) -> Optional[str]:
+    agg = w.plan.aggregate_of(sid)
+    if isinstance(agg, str):
+        return agg
+    if w.plan.dead_letter is not None:
+        return "the run has a dead letter"
+    why = _column_refusal(w, agg.source_stage, agg.key)
+    if why is not None or agg.value is None:
+        return why
+    cols = w.env.columns[agg.source_stage]
+    kinds = [t for n, t in cols if n == agg.value]
+    if len(kinds) != 1:
+        return f"the DataFrame has {len(kinds)} columns named {agg.value!r}"
+    kind, red = kinds[0], agg.reduction
+    if kind in _INTEGRAL or (kind == "string" and red != "sum"):
+        return None
+    if kind in _FLOATS:
+        if w.env.float_reductions:
+            return None
+        return (
+            f"column {agg.value!r} is {kind}: a float {red} may differ from Python's (addition order, NaN, -0.0); "
+            "run with float_reductions=True to accept that"
+        )
+    return f"column {agg.value!r} is {kind}: Spark's {red} of it is not proven to equal Python's"
+
+
+def _apply_native(w: _Work, sid: int) -> None:
+    agg = w.plan.aggregate_of(sid)
+    assert isinstance(agg, Aggregate)
+    w.set(sid, native=agg)
+    w.add_mode(sid, "native_reduction")
+
+
 def _check_spark_keys(w: _Work, sid: int) -> Optional[str]:
+    if w.applied("native_reduction", f"stage {sid}"):
+        return "Spark aggregates the stage (native_reduction)"
     ck = _column_key(w, sid)
     if isinstance(ck, str):
         return ck
-    why = _column_refusal(w, ck)
+    why = _column_refusal(w, ck.source_stage, ck.column)
     if why is not None:
         return why
     if w.env.routed:
@@ -344,7 +365,7 @@ def _cheap_to_rerun(w: _Work, sid: int) -> Optional[str]:
         if w.spec(sid).source in ("native", "chunks"):
             return None
         return "its stage reads a Python source, whose partitions would be opened twice"
-    if st.kind == "keyed" and w.applied("spark_keys", f"stage {sid}"):
+    if st.kind == "keyed" and any(w.applied(r, f"stage {sid}") for r in ("spark_keys", "native_reduction")):
         return None
     return "its stage is fed by another Python stage, which would run twice"
 
@@ -515,6 +536,17 @@ RULES: tuple[Rule, ...] = (
         "stateful_map steps are driven on their bare states, without building and snapshotting a logic per key",
         _check_bare,
         _mode("bare_state"),
+    ),
+    Rule(
+        "native_reduction",
+        "stage",
+        _BATCH,
+        False,
+        "a keyed stage that is one built-in reduction (count, sum, max, min) of a SparkSource's column keyed on a "
+        "column runs as groupBy(key).agg(...), several such stages of one source and key as one; a null key or "
+        "value falls back to the Python pass, for Python's result or error",
+        _check_native,
+        _apply_native,
     ),
     Rule(
         "spark_keys",
@@ -712,6 +744,7 @@ def _physical(spec: StageSpec) -> StageSpec:
             ks,
             batch_fn=ks.batch_fn if "bare_state" in modes else None,
             eof_only=ks.eof_only and "eof_only" in modes,
+            reduction=ks.reduction if "native_reduction" in modes else None,
         )
         for ks in spec.chain
     )
