@@ -390,42 +390,27 @@ class Plan:
         st = self.stages[sid]
         chain = st.spec.chain
         if len(chain) != 1 or chain[0].reduction is None:
-            return (
-                f"step {chain[-1].step_id!r} is not one built-in reduction (count_final, reduce_final with "
-                "operator.add, max or min, max_final, min_final, fold_final with flowspark.reducers)"
-            )
+            return f"step {chain[-1].step_id!r} is not a built-in reduction (see flowspark.reducers)"
         if len(st.inputs) != 1:
             return "it reads several ports"
         src_id, port, _pad = st.inputs[0]
         src = self.stages[src_id].spec
         if self.stages[src_id].kind != "source" or src.source != "native":
             return "its input does not come straight from a SparkSource"
-        made = {d: o for o in src.ops for d in o.downs}
-        path: list[Op] = []
-        stream = src.ports[port].stream
-        while stream != src.entry:
-            path.insert(0, made[stream])
-            if len(made[stream].ups) != 1:
-                return f"step {made[stream].step_id!r} merges"
-            stream = made[stream].ups[0]
-        ops = [o for o in path if o.kind != "pass"]
+        ops = _path(src, src.ports[port].stream)
+        if isinstance(ops, str):
+            return ops
         if not ops or ops[0].kind != "map" or ops[0].key_column is None:
             return "its input is not keyed first by a key_on proven to read a column (row[column])"
         later = ops[1:]
         odd = [o for o in later if o.kind != "map" or o.value_fn is None]
         if odd:
             return f"step {odd[0].step_id!r} after the key_on is not a map_value"
-        step, reduction = chain[0], chain[0].reduction
-        if reduction == "count":
-            odd = [o for i, o in enumerate(later) if not (o.value_constant or (i == 0 and o.value_column))]
-            if odd:
-                return f"step {odd[0].step_id!r} may fail (a count calls it): not a map_value proven to read a column"
-            value = None
-        elif len(later) != 1 or later[0].value_column is None:
-            return "its values are not one column: no single map_value proven to read one (row[column])"
-        else:
-            value = later[0].value_column
-        return Aggregate(ops[0].key_column, value, reduction, src_id, step.step_id, step.level)
+        step = chain[0]
+        value, why = _values_of(step.reduction, later)
+        if why:
+            return why
+        return Aggregate(ops[0].key_column, value, step.reduction, src_id, step.step_id, step.level)
 
     def keyed_steps(self) -> list[KeyedStep]:
         """Every stateful step of the plan, stage by stage.
@@ -477,3 +462,29 @@ class Plan:
 
     def _decision_lines(self, where: str) -> list[str]:
         return [f"    {d}" for d in self.decisions if d.where == where]
+
+
+def _path(src: StageSpec, stream: str) -> list[Op] | str:
+    """The steps of source stage `src` from its entry to `stream` (redistributes left out), or why there is no line."""
+    made = {d: o for o in src.ops for d in o.downs}
+    path: list[Op] = []
+    while stream != src.entry:
+        o = made[stream]
+        if len(o.ups) != 1:
+            return f"step {o.step_id!r} merges"
+        if o.kind != "pass":
+            path.insert(0, o)
+        stream = o.ups[0]
+    return path
+
+
+def _values_of(reduction: str, later: list[Op]) -> tuple[Optional[str], str]:
+    """`(the column a reduction reads after the key (None for a count), "")`, or `(None, why it reads none)`."""
+    if reduction == "count":
+        odd = [o for i, o in enumerate(later) if not (o.value_constant or (i == 0 and o.value_column))]
+        if odd:
+            return None, f"step {odd[0].step_id!r} may fail (a count calls it): not a map_value proven to read a column"
+        return None, ""
+    if len(later) != 1 or later[0].value_column is None:
+        return None, "its values are not one column: no single map_value proven to read one (row[column])"
+    return later[0].value_column, ""
