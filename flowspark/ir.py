@@ -99,6 +99,10 @@ class FlatMapBatch:
     `clocked`: the mapper reads the clock once per call (`enrich_cached` with a `ttl`),
     so how items are cut into calls can be seen; the in-memory executor then moves one
     source batch (activation) at a time, as Bytewax does.
+
+    `value_constant`: set by an operator whose `value_mapper` returns the same value for
+    every value and never raises (`count_final`'s ones): a runtime that only counts the
+    values need not call it.
     """
 
     step_id: str
@@ -111,6 +115,7 @@ class FlatMapBatch:
     value_mapper: Optional[Callable[[Any], Any]] = None
     value_column: Optional[str] = None
     clocked: bool = False
+    value_constant: bool = False
 
     @property
     def ups(self) -> tuple[str, ...]:
@@ -201,6 +206,13 @@ class StatefulBatch:
     (`None`: fresh) and fed `values` emits and ends with (`None`: discarded). Such a logic
     never notifies, emits nothing at EOF and snapshots a deep copy of its state, so a
     runtime may drive bare states instead of logic objects (`StepDriver.drive_state`).
+
+    `reduction`: what the step emits, set by the operator that knows it: `"count"` (the number
+    of a key's values), `"sum"` (their sum with `+`), `"max"` or `"min"` (the largest or
+    smallest, as `builtins.max` / `min` compare), one `(key, result)` per key at end of input
+    (`reduce_final` with `operator.add`, `max` or `min`; `count_final`; `max_final` / `min_final`
+    without `by`; `fold_final` with `flowspark.reducers`). A runtime may then compute it as an
+    aggregate instead of driving the logic (the builder stays the reference).
     """
 
     step_id: str
@@ -210,6 +222,7 @@ class StatefulBatch:
     notifies: bool = True
     eof_only: bool = False
     batch_fn: Optional[Callable[[Any, list[Any]], tuple[Any, list[Any]]]] = None
+    reduction: Optional[str] = None
 
     @property
     def ups(self) -> tuple[str, ...]:

@@ -12,6 +12,7 @@ import builtins
 import copy
 import functools
 import itertools
+import operator as pyoperator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -20,7 +21,7 @@ from typing import Any, Callable, Generic, Literal, Optional, TypeVar
 
 from typing_extensions import Self, TypeAlias, override
 
-from flowspark import ir
+from flowspark import ir, reducers
 from flowspark._checks import all_pairs, check_bool
 from flowspark._keyfn import column_of
 from flowspark._time import utc_now
@@ -1298,7 +1299,9 @@ def fold_final(
     def shim_builder(resume_state: Optional[S]) -> _FoldFinalLogic[V, S]:
         return _FoldFinalLogic(builder, folder, resume_state)
 
-    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False, eof_only=True)
+    reduction = next((r for (b, f), r in reducers.FOLDS.items() if builder is b and folder is f), None)
+    down = stateful_batch("stateful_batch", up, shim_builder)
+    return _declare(down, notifies=False, eof_only=True, reduction=reduction)
 
 
 class _ReduceFinalLogic(StatefulBatchLogic[V, V, tuple[V]]):
@@ -1358,7 +1361,13 @@ def reduce_final(step_id: str, up: KeyedStream[V], reducer: Callable[[V, V], V])
     def shim_builder(resume_state: Optional[tuple[V]]) -> _ReduceFinalLogic[V]:
         return _ReduceFinalLogic(reducer, resume_state)
 
-    return _declare(stateful_batch("stateful_batch", up, shim_builder), notifies=False, eof_only=True)
+    reduction = next((r for f, r in _REDUCERS if reducer is f), None)
+    down = stateful_batch("stateful_batch", up, shim_builder)
+    return _declare(down, notifies=False, eof_only=True, reduction=reduction)
+
+
+#: The reducers `reduce_final` recognises (by identity), and what they compute (`ir.StatefulBatch.reduction`).
+_REDUCERS = ((pyoperator.add, "sum"), (builtins.max, "max"), (builtins.min, "min"))
 
 
 @operator
@@ -1384,8 +1393,12 @@ def count_final(step_id: str, up: Stream[X], key: Callable[[X], str]) -> KeyedSt
         [('a', 2), ('b', 1)]
     """
     keyed = key_on("key", up, key)
-    ones = map_value("init_count", keyed, lambda _v: 1)
-    return reduce_final("sum", ones, _add)
+    ones = _declare(map_value("init_count", keyed, _one), value_constant=True)
+    return _declare(reduce_final("sum", ones, _add), reduction="count")
+
+
+def _one(_v: Any) -> int:
+    return 1
 
 
 def _add(a: int, b: int) -> int:
@@ -1414,7 +1427,8 @@ def max_final(step_id: str, up: KeyedStream[V], by: Callable[[V], Any] = _identi
         [('a', 7)]
     """
     _check_callable(step_id, "by", by)
-    return reduce_final("reduce_final", up, lambda a, b: max(a, b, key=by))
+    down = reduce_final("reduce_final", up, lambda a, b: max(a, b, key=by))
+    return _declare(down, reduction="max") if by is _identity else down
 
 
 @operator
@@ -1439,7 +1453,8 @@ def min_final(step_id: str, up: KeyedStream[V], by: Callable[[V], Any] = _identi
         [('a', 1)]
     """
     _check_callable(step_id, "by", by)
-    return reduce_final("reduce_final", up, lambda a, b: min(a, b, key=by))
+    down = reduce_final("reduce_final", up, lambda a, b: min(a, b, key=by))
+    return _declare(down, reduction="min") if by is _identity else down
 
 
 # ---------------------------------------------------------------------------

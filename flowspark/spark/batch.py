@@ -5,7 +5,7 @@ source stage reads its source (items shipped from the driver in chunks, one
 Spark partition per source partition, or a Spark DataFrame); a keyed stage
 first `repartition`s its input by key and `sortWithinPartitions(k, seq)`, so the
 per-key driver sees each key's values in order with a fixed logical `now`.
-`describe_stage` says so for each stage (`print(plan)`, `flowspark plan --spark`).
+`flowspark.spark.describe.describe_stage` says so for each stage (`print(plan)`, `flowspark plan --spark`).
 """
 
 from __future__ import annotations
@@ -36,15 +36,18 @@ from flowspark.spark.columns import (
     stage_inputs,
     union_all,
 )
+from flowspark.spark.describe import describe_stage
 from flowspark.spark.inputs import load_rows
-from flowspark.spark.optimize import Env, optimize, rules_arg
+from flowspark.spark.native import Aggregates, python_pass
+from flowspark.spark.optimize import Env, optimize
 from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
 from flowspark.spark.rows import RowSchema, row_schema
 from flowspark.spark.session import default_parallelism, is_connect, quiet_query_context
+from flowspark.spark.switches import rules_arg
 from flowspark.spark.worker import dict_rows, no_gc, stage_function
 
-__all__ = ["build_dataframes", "check_bounded", "describe_keyed_state", "describe_stage", "run_plan"]
+__all__ = ["build_dataframes", "check_bounded", "run_plan"]
 
 _log = logging.getLogger("flowspark.spark")
 _ROW_SCHEMA = "p int, k string, seq binary, v binary"
@@ -56,51 +59,6 @@ _SAMPLE_KEYS = 128
 
 def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
     return step_error(step_id, ex)
-
-
-def describe_stage(st: StagePlan) -> str:
-    """What a stage of the plan lowers to in a batch job.
-
-    Args:
-        st: The stage.
-
-    Returns:
-        A one-line description.
-    """
-    if st.kind == "source":
-        head = {
-            "chunks": "createDataFrame(chunks of items pickled at the driver)",
-            "parts": "spark.range(one row per source partition)",
-            "native": "the SparkSource DataFrame",
-        }[st.spec.source]
-        return f"{head} -> mapInArrow"
-    if st.kind == "keyed":
-        ck = st.spec.column_key
-        if ck is None:
-            return f"({st.union()}) -> repartition(k) -> sortWithinPartitions(k, seq) -> mapInArrow"
-        return (
-            f"Spark keys the rows: the SparkSource DataFrame with k = column {ck.column!r} and each row's position "
-            f"-> repartition(k) -> sortWithinPartitions(k, position) -> mapInArrow (runs stage {ck.source_stage}'s "
-            "steps, which then need no pass of their own)"
-        )
-    if "keyed_by_spark" in st.spec.modes:
-        return "no pass of its own: the keyed stage reading it runs its steps (rule spark_keys)"
-    return f"({st.union()}) -> mapInArrow"
-
-
-def describe_keyed_state(st: StagePlan) -> str:
-    """How a keyed stage of a batch job keeps its state.
-
-    Args:
-        st: A keyed stage.
-
-    Returns:
-        The text.
-    """
-    return (
-        "not stored: each key's logics live in its task while the key's sorted values are driven, "
-        "then on_eof; a failed task reruns from its input"
-    )
 
 
 def check_bounded(plan: Plan) -> None:
@@ -157,6 +115,10 @@ class _Job:
         self.dead: Any = None
         #: The keyed stages Spark keys itself (the rule `spark_keys`), each with its source DataFrame.
         self.keyed_by_spark: dict[int, Any] = {}
+        #: The aggregates of the stages Spark aggregates (the rule `native_reduction`).
+        self.aggregates = Aggregates(plan)
+        #: The run allows float reductions as Spark aggregates (`run_plan(float_reductions=...)`).
+        self.float_reductions = False
 
     def optimize(self, rules: tuple[frozenset[str], str]) -> Plan:
         """Decide every rule for this job (`flowspark.spark.optimize`); the job then runs the physical plan.
@@ -170,8 +132,9 @@ class _Job:
         columns = {
             st.spec.stage_id: column_kinds(self.source_df(st)) for st in self.plan.stages if st.spec.source == "native"
         }
-        env = Env("batch", rules=rules[0], rules_text=rules[1], connect=self.connect, columns=columns)
+        env = Env("batch", *rules, connect=self.connect, columns=columns, float_reductions=self.float_reductions)
         self.plan = optimize(self.plan, env)
+        self.aggregates = Aggregates(self.plan)
         self.keyed_by_spark = {
             st.spec.stage_id: self.loaded[st.spec.column_key.source_stage]
             for st in self.plan.stages
@@ -183,7 +146,7 @@ class _Job:
     def uses(self) -> dict[int, int]:
         n: dict[int, int] = {}
         for st in self.plan.stages:
-            for s, _p, _pad in st.inputs:
+            for s, _p, _pad in () if st.spec.native else st.inputs:  # Spark aggregates the source's rows
                 n[s] = n.get(s, 0) + 1
         driver_stages = {sk.port[0] for sk in self.plan.sinks if sk.where == "driver"}
         driver_stages |= {ins.port[0] for ins in self.plan.inspects}
@@ -212,9 +175,14 @@ class _Job:
             sid = st.spec.stage_id
             if "keyed_by_spark" in st.spec.modes:
                 continue
+            agg = st.spec.native
+            native = agg and self.aggregates.input(sid, agg, self.loaded[agg.source_stage], self.persisted, persist)
             if sid in column_keys:
                 self.inputs[sid] = (self.column_key_input(st, column_keys[sid]), True)
+            elif native is not None:
+                self.inputs[sid] = (native, False)
             else:
+                self.plan, st = python_pass(self.plan, st)
                 self.inputs[sid] = (self.stage_input(st), False)
             inp, column_key = self.inputs[sid]
             df = inp.mapInArrow(stage_function(st.spec, self.now, column_key=column_key), _ROW_SCHEMA)
@@ -679,7 +647,7 @@ def build_dataframes(plan: Plan, spark: Any, rules: tuple[frozenset[str], str]) 
     Args:
         plan: The plain plan (`compile_flow`).
         spark: The SparkSession.
-        rules: The rules switched on (`flowspark.spark.optimize.rules_arg`).
+        rules: The rules switched on (`flowspark.spark.switches.rules_arg`).
 
     Returns:
         `(physical plan, {stage id: DataFrame})`; a stage whose steps run in the keyed stage
@@ -704,6 +672,7 @@ def run_plan(
     dead_letter: Any = None,
     progress: Any = True,  # noqa: ARG001
     rules: Any = None,
+    float_reductions: bool = False,
 ) -> None:
     """Run a compiled plan on Spark as batch jobs; return when it is done.
 
@@ -734,9 +703,12 @@ def run_plan(
         progress: Accepted as `run_streaming` takes it, so `flowspark.spark.run` takes the same
             arguments for any flow; progress lines are a stream's output (one per micro-batch):
             a batch job prints none, whatever the value.
-        rules: Which fast paths may apply (`flowspark.spark.optimize.rules_arg`): `"all"`,
+        rules: Which fast paths may apply (`flowspark.spark.switches.rules_arg`): `"all"`,
             `"none"` or `"-NAME,-NAME"`; default the environment variable `FLOWSPARK_RULES`,
             else all. Every rule gives the same output as `"none"`.
+        float_reductions: Let the rule `native_reduction` compute sums, maxima and minima of
+            float columns as Spark aggregates: a sum may differ in its last bits (Spark adds in
+            another order), and NaN and -0.0 may compare otherwise than in Python (docs/spark.md).
 
     Raises:
         FlowsparkRuntimeError: A user callable failed (names the step, carries the
@@ -777,6 +749,10 @@ def run_plan(
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
     job = _Job(plan, spark, start_time, partitions, chunk_size)
+    if not isinstance(float_reductions, bool):
+        msg = f"flowspark.spark.run: float_reductions must be True or False; received {float_reductions!r}"
+        raise FlowsparkTypeError(msg)
+    job.float_reductions = float_reductions
     try:
         with no_gc():  # the driver pickles and unpickles items in bulk too
             plan = job.optimize(chosen)

@@ -231,6 +231,7 @@ class _Compiler:
                 key_column=node.key_column,
                 value_fn=node.value_mapper,
                 value_column=node.value_column,
+                value_constant=node.value_constant,
             )
         )
         b.steps.append(node.step_id)
@@ -310,6 +311,7 @@ class _Compiler:
                 node.notifies,
                 eof_only=node.eof_only,
                 batch_fn=node.batch_fn,
+                reduction=node.reduction,
             )
         )
         b.entry = node.down

@@ -29,30 +29,21 @@ decodes any value) and the lowering of each source and sink kind.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from flowspark.errors import FlowsparkTypeError
 from flowspark.spark.columns import ID_COLUMN
-from flowspark.spark.plan import ColumnKey, Plan, SinkPlan, StagePlan, StageSpec
+from flowspark.spark.plan import Aggregate, ColumnKey, Decision, Plan, SinkPlan, StagePlan, StageSpec
 
 __all__ = [
-    "ENV_VAR",
     "RULES",
     "Decision",
     "Env",
     "Rule",
-    "describe_rules",
     "optimize",
-    "rule_names",
-    "rules_arg",
     "shape_choices",
 ]
-
-#: The environment variable that switches rules off when `rules` is not given.
-ENV_VAR = "FLOWSPARK_RULES"
 
 
 @dataclass(frozen=True)
@@ -78,10 +69,12 @@ class Env:
         atomic_sinks: Outputs whose given schema has only atomic columns.
         recorded: Shape choices recorded in the checkpoint by an earlier run (`rule name ->
             applied`); a rule missing here was not recorded (a new checkpoint).
+        float_reductions: The run allows sums, maxima and minima of float columns as Spark
+            aggregates (`run_plan(float_reductions=True)`), which may differ from Python's.
     """
 
     target: str
-    rules: frozenset[str] = field(default_factory=lambda: frozenset(rule_names()))
+    rules: frozenset[str] = field(default_factory=lambda: frozenset(r.name for r in RULES))
     rules_text: str = "all"
     session: bool = True
     connect: bool = False
@@ -93,27 +86,7 @@ class Env:
     writer_sink: Optional[str] = None
     atomic_sinks: frozenset[str] = frozenset()
     recorded: Mapping[str, bool] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What one rule decided for one stage, sink or the query.
-
-    Attributes:
-        rule: The rule's name.
-        where: `stage N`, `sink STEP_ID` or `query`.
-        applied: Whether it applied.
-        reason: Why not (empty when applied).
-    """
-
-    rule: str
-    where: str
-    applied: bool
-    reason: str = ""
-
-    def __str__(self) -> str:
-        """`rule NAME: applied` or `rule NAME: not applied (REASON)`."""
-        return f"rule {self.rule}: applied" if self.applied else f"rule {self.rule}: not applied ({self.reason})"
+    float_reductions: bool = False
 
 
 class _Work:
@@ -266,26 +239,65 @@ def _column_key(w: _Work, sid: int) -> ColumnKey | str:
     return ColumnKey(column, src_id, spec.source_step, spec.source_index, spec.entry, tuple(spec.ops), out)
 
 
-def _column_refusal(w: _Work, ck: ColumnKey) -> Optional[str]:
-    cols = w.env.columns.get(ck.source_stage)
+def _column_refusal(w: _Work, stage: int, column: str) -> Optional[str]:
+    cols = w.env.columns.get(stage)
     if cols is None:
         return "the SparkSource's columns are read with a session; this plan was made without one"
     names = [n for n, _t in cols]
-    if names.count(ck.column) != 1:
-        return f"the DataFrame has {names.count(ck.column)} columns named {ck.column!r}"
+    if names.count(column) != 1:
+        return f"the DataFrame has {names.count(column)} columns named {column!r}"
     if ID_COLUMN in names:
         return f"the DataFrame has a column named {ID_COLUMN!r}"
-    kind = dict(cols)[ck.column]
+    kind = dict(cols)[column]
     if kind != "string":
-        return f"column {ck.column!r} is {kind}, not string"
+        return f"column {column!r} is {kind}, not string"
     return None
 
 
+_INTEGRAL = frozenset({"tinyint", "smallint", "int", "bigint"})
+_FLOATS = frozenset({"float", "double"})
+
+
+def _check_native(w: _Work, sid: int) -> Optional[str]:
+    agg = w.plan.aggregate_of(sid)
+    if isinstance(agg, str):
+        return agg
+    if w.plan.dead_letter is not None:
+        return "the run has a dead letter"
+    why = _column_refusal(w, agg.source_stage, agg.key)
+    if why is not None or agg.value is None:
+        return why
+    cols = w.env.columns[agg.source_stage]
+    kinds = [t for n, t in cols if n == agg.value]
+    if len(kinds) != 1:
+        return f"the DataFrame has {len(kinds)} columns named {agg.value!r}"
+    kind, red = kinds[0], agg.reduction
+    if kind in _INTEGRAL or (kind == "string" and red != "sum"):
+        return None
+    if kind in _FLOATS:
+        if w.env.float_reductions:
+            return None
+        return (
+            f"column {agg.value!r} is {kind}: a float {red} may differ from Python's (addition order, NaN, -0.0); "
+            "run with float_reductions=True to accept that"
+        )
+    return f"column {agg.value!r} is {kind}: Spark's {red} of it is not proven to equal Python's"
+
+
+def _apply_native(w: _Work, sid: int) -> None:
+    agg = w.plan.aggregate_of(sid)
+    assert isinstance(agg, Aggregate)
+    w.set(sid, native=agg)
+    w.add_mode(sid, "native_reduction")
+
+
 def _check_spark_keys(w: _Work, sid: int) -> Optional[str]:
+    if w.applied("native_reduction", f"stage {sid}"):
+        return "Spark aggregates the stage (native_reduction)"
     ck = _column_key(w, sid)
     if isinstance(ck, str):
         return ck
-    why = _column_refusal(w, ck)
+    why = _column_refusal(w, ck.source_stage, ck.column)
     if why is not None:
         return why
     if w.env.routed:
@@ -344,7 +356,7 @@ def _cheap_to_rerun(w: _Work, sid: int) -> Optional[str]:
         if w.spec(sid).source in ("native", "chunks"):
             return None
         return "its stage reads a Python source, whose partitions would be opened twice"
-    if st.kind == "keyed" and w.applied("spark_keys", f"stage {sid}"):
+    if st.kind == "keyed" and any(w.applied(r, f"stage {sid}") for r in ("spark_keys", "native_reduction")):
         return None
     return "its stage is fed by another Python stage, which would run twice"
 
@@ -525,6 +537,17 @@ RULES: tuple[Rule, ...] = (
         _mode("bare_state"),
     ),
     Rule(
+        "native_reduction",
+        "stage",
+        _BATCH,
+        False,
+        "a keyed stage that is one built-in reduction (count, sum, max, min) of a SparkSource's column keyed on a "
+        "column runs as groupBy(key).agg(...), several such stages of one source and key as one; a null key or "
+        "value falls back to the Python pass, for Python's result or error",
+        _check_native,
+        _apply_native,
+    ),
+    Rule(
         "spark_keys",
         "stage",
         _BOTH,
@@ -622,61 +645,6 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def rule_names() -> list[str]:
-    """The names of every rule, in the order they are decided.
-
-    Returns:
-        The names.
-    """
-    return [r.name for r in RULES]
-
-
-def rules_arg(value: Any, where: str = "flowspark.spark.run") -> tuple[frozenset[str], str]:
-    """The rules switched on by `value` (`None`: the environment variable `FLOWSPARK_RULES`, else all).
-
-    Args:
-        value: `None`, `"all"`, `"none"`, `"-NAME,-NAME"` (all but those), `"NAME,NAME"`
-            (only those), or an iterable of rule names (only those).
-        where: Who asks (named in the error).
-
-    Returns:
-        `(names switched on, the text asked for)`.
-
-    Raises:
-        FlowsparkTypeError: An unknown rule name or a malformed value.
-    """
-    names = rule_names()
-    if value is None:
-        value = os.environ.get(ENV_VAR) or "all"
-        where = f"{where} ({ENV_VAR})" if os.environ.get(ENV_VAR) else where
-    if isinstance(value, str):
-        text = value.strip()
-        parts = [p.strip() for p in text.split(",") if p.strip()]
-    elif isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(p, str) for p in value):
-        parts = sorted(value) if isinstance(value, (set, frozenset)) else list(value)
-        text = ",".join(parts)
-    else:
-        msg = f"{where}: rules must be 'all', 'none', '-NAME,-NAME' or a list of rule names; received {value!r}"
-        raise FlowsparkTypeError(msg)
-    if parts in (["all"], []):
-        return frozenset(names), "all"
-    if parts == ["none"]:
-        return frozenset(), "none"
-    minus = [p[1:] for p in parts if p.startswith("-")]
-    plus = [p for p in parts if not p.startswith("-")]
-    unknown = [p for p in minus + plus if p not in names]
-    if unknown or (minus and plus):
-        why = f"unknown rule {unknown[0]!r}" if unknown else "mix of rules switched off (-NAME) and rules named alone"
-        msg = (
-            f"{where}: {why} in rules={text!r}; use 'all', 'none', '-NAME,-NAME' (all but those) or "
-            f"'NAME,NAME' (only those), with names from: {', '.join(names)}"
-        )
-        raise FlowsparkTypeError(msg)
-    if minus:
-        return frozenset(names) - frozenset(minus), text
-    return frozenset(plus), text
-
-
 def _subjects(rule: Rule, plan: Plan) -> list[Any]:
     if rule.scope == "stage":
         return [st.spec.stage_id for st in plan.stages if st.kind in rule.subjects]
@@ -731,6 +699,7 @@ def _physical(spec: StageSpec) -> StageSpec:
             ks,
             batch_fn=ks.batch_fn if "bare_state" in modes else None,
             eof_only=ks.eof_only and "eof_only" in modes,
+            reduction=ks.reduction if "native_reduction" in modes else None,
         )
         for ks in spec.chain
     )
@@ -752,19 +721,3 @@ def shape_choices(plan: Plan) -> dict[str, bool]:
         if d.rule in shape:
             out[d.rule] = out.get(d.rule, False) or d.applied
     return out
-
-
-def describe_rules() -> str:
-    """Every rule as a markdown table (docs/architecture.md holds it; a test checks it is current).
-
-    Returns:
-        The table.
-    """
-    lines = [
-        "| rule | applies to | decided for | changes the query's shape | what it does |",
-        "| --- | --- | --- | --- | --- |",
-    ]
-    for r in RULES:
-        targets = ", ".join(sorted(r.targets))
-        lines.append(f"| `{r.name}` | {targets} | {r.scope} | {'yes' if r.shape else 'no'} | {r.summary} |")
-    return "\n".join(lines)

@@ -29,7 +29,9 @@ DEAD_PORT = 1023
 
 __all__ = [
     "DEAD_PORT",
+    "Aggregate",
     "ColumnKey",
+    "Decision",
     "InspectPlan",
     "KeyedStep",
     "Op",
@@ -65,6 +67,7 @@ class Op:
     key_column: Optional[str] = None
     value_fn: Optional[Callable[[Any], Any]] = None
     value_column: Optional[str] = None
+    value_constant: bool = False
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,9 @@ class KeyedStep:
     `notifies`: the IR's `StatefulBatch.notifies` (whether a logic can ask for a
     notification). `regroup`: whether its emits' sequences carry the key (see
     `StepDriver`; the last step of a chain does, unless the rule `unordered_emits` applied).
-    `eof_only`, `batch_fn`: the IR's `StatefulBatch.eof_only`, `.batch_fn`; in a physical plan
-    (`flowspark.spark.optimize`) they are kept only where the rules `eof_only` and `bare_state` applied.
+    `eof_only`, `batch_fn`, `reduction`: the IR's `StatefulBatch.eof_only`, `.batch_fn`, `.reduction`;
+    in a physical plan (`flowspark.spark.optimize`) they are kept only where the rules `eof_only`,
+    `bare_state` and `native_reduction` applied.
     """
 
     step_id: str
@@ -87,6 +91,27 @@ class KeyedStep:
     regroup: bool = True
     eof_only: bool = False
     batch_fn: Optional[Callable[[Any, list[Any]], tuple[Any, list[Any]]]] = None
+    reduction: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """A keyed stage Spark can compute as `groupBy(key).agg(...)` (`Plan.aggregate_of`).
+
+    Its one stateful step `step_id` is a built-in reduction (`KeyedStep.reduction`: `count`,
+    `sum`, `max`, `min`) and its input comes straight from the `SparkSource` of stage
+    `source_stage`: a `key_on` proven to read `row[key]` first, then for `sum`, `max` and `min`
+    one `map_value` proven to read `row[value]`, for `count` only `map_value`s that cannot fail
+    (`value` is `None`); redistributes anywhere. `level`: the step's `KeyedStep.level` (its
+    end-of-input emits' sequences).
+    """
+
+    key: str
+    value: Optional[str]
+    reduction: str
+    source_stage: int
+    step_id: str
+    level: int
 
 
 @dataclass(frozen=True)
@@ -157,6 +182,8 @@ class StageSpec:
     `v` (see `Port.value_only`).
     `depth_in`: for a keyed stage, the sequence length of its input stream.
     `column_key`: for a keyed stage, set when Spark keys its input (`ColumnKey`, the rule `spark_keys`).
+    `native`: for a keyed stage, set when Spark computes it as an aggregate (`Aggregate`, the
+    rule `native_reduction`).
     `modes`: the names of the rules that applied to the stage (`flowspark.spark.optimize`); empty
     in the plain plan `compile_flow` builds.
     `dead_letter`: the run has a dead letter: items a stateless step, a key check or a
@@ -180,6 +207,8 @@ class StageSpec:
     dead_letter: bool = False
     per_batch: int = 1
     modes: frozenset[str] = frozenset()
+    #: For a keyed stage Spark aggregates (the rule `native_reduction`): what it computes.
+    native: Optional[Aggregate] = None
 
     def one_to_one_mappers(self) -> Optional[tuple[Callable[[list[Any]], Any], ...]]:
         """The batch mappers from the stage's entry to its only port, or `None`.
@@ -198,6 +227,27 @@ class StageSpec:
                 fns.append(o.fn)
             stream = o.downs[0]
         return tuple(fns) if len(self.ports) == 1 and stream == self.ports[0].stream else None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one rule decided for one stage, sink or the query.
+
+    Attributes:
+        rule: The rule's name.
+        where: `stage N`, `sink STEP_ID` or `query`.
+        applied: Whether it applied.
+        reason: Why not (empty when applied).
+    """
+
+    rule: str
+    where: str
+    applied: bool
+    reason: str = ""
+
+    def __str__(self) -> str:
+        """`rule NAME: applied` or `rule NAME: not applied (REASON)`."""
+        return f"rule {self.rule}: applied" if self.applied else f"rule {self.rule}: not applied ({self.reason})"
 
 
 @dataclass(frozen=True)
@@ -270,7 +320,7 @@ class Plan:
     inspects: tuple[InspectPlan, ...]
     dead_letter: Any = None
     #: In a physical plan (`flowspark.spark.optimize.optimize`): every rule's decision, and the target.
-    decisions: tuple[Any, ...] = ()
+    decisions: tuple[Decision, ...] = ()
     target: str = ""
 
     def readers(self, port: tuple[int, int]) -> list[Any]:
@@ -297,7 +347,7 @@ class Plan:
         out.update(ins.step_id for ins in self.inspects)
         return out
 
-    def decision(self, rule: str, where: str) -> Any:
+    def decision(self, rule: str, where: str) -> Decision:
         """The decision of `rule` for `where` (`stage N`, `sink STEP_ID`, `query`) in a physical plan.
 
         Args:
@@ -305,7 +355,7 @@ class Plan:
             where: Where it was decided.
 
         Returns:
-            The `flowspark.spark.optimize.Decision`.
+            The decision.
 
         Raises:
             KeyError: No such decision (a plain plan has none).
@@ -346,6 +396,41 @@ class Plan:
         """Whether every source ends (the plan runs as a batch job, else as a streaming query)."""
         return all(st.bounded for st in self.stages if st.kind == "source")
 
+    def aggregate_of(self, sid: int) -> Aggregate | str:
+        """What keyed stage `sid` computes as a Spark aggregate (`Aggregate`), or why it is not one.
+
+        Args:
+            sid: A keyed stage's id.
+
+        Returns:
+            The aggregate, or the reason (words a user reads in `flowspark plan --spark`).
+        """
+        st = self.stages[sid]
+        chain = st.spec.chain
+        step = chain[-1]
+        reduction = step.reduction
+        if len(chain) != 1 or reduction is None:
+            return f"step {step.step_id!r} is not a built-in reduction (see flowspark.reducers)"
+        if len(st.inputs) != 1:
+            return "it reads several ports"
+        src_id, port, _pad = st.inputs[0]
+        src = self.stages[src_id].spec
+        if self.stages[src_id].kind != "source" or src.source != "native":
+            return "its input does not come straight from a SparkSource"
+        ops = _path(src, src.ports[port].stream)
+        if isinstance(ops, str):
+            return ops
+        if not ops or ops[0].kind != "map" or ops[0].key_column is None:
+            return "its input is not keyed first by a key_on proven to read a column (row[column])"
+        later = ops[1:]
+        odd = [o for o in later if o.kind != "map" or o.value_fn is None]
+        if odd:
+            return f"step {odd[0].step_id!r} after the key_on is not a map_value"
+        value, why = _values_of(reduction, later)
+        if why:
+            return why
+        return Aggregate(ops[0].key_column, value, reduction, src_id, step.step_id, step.level)
+
     def keyed_steps(self) -> list[KeyedStep]:
         """Every stateful step of the plan, stage by stage.
 
@@ -363,7 +448,7 @@ class Plan:
 
         Args:
             describe: What a stage lowers to, in one line (each lowering describes itself:
-                `flowspark.spark.batch.describe_stage`, `flowspark.spark.streaming.Lowering.stage`);
+                `flowspark.spark.describe.describe_stage`, `flowspark.spark.streaming.Lowering.stage`);
                 default: the ports the stage reads.
 
         Returns:
@@ -396,3 +481,29 @@ class Plan:
 
     def _decision_lines(self, where: str) -> list[str]:
         return [f"    {d}" for d in self.decisions if d.where == where]
+
+
+def _path(src: StageSpec, stream: str) -> list[Op] | str:
+    """The steps of source stage `src` from its entry to `stream` (redistributes left out), or why there is no line."""
+    made = {d: o for o in src.ops for d in o.downs}
+    path: list[Op] = []
+    while stream != src.entry:
+        o = made[stream]
+        if len(o.ups) != 1:
+            return f"step {o.step_id!r} merges"
+        if o.kind != "pass":
+            path.insert(0, o)
+        stream = o.ups[0]
+    return path
+
+
+def _values_of(reduction: str, later: list[Op]) -> tuple[Optional[str], str]:
+    """`(the column a reduction reads after the key (None for a count), "")`, or `(None, why it reads none)`."""
+    if reduction == "count":
+        odd = [o for i, o in enumerate(later) if not (o.value_constant or (i == 0 and o.value_column))]
+        if odd:
+            return None, f"step {odd[0].step_id!r} may fail (a count calls it): not a map_value proven to read a column"
+        return None, ""
+    if len(later) != 1 or later[0].value_column is None:
+        return None, "its values are not one column: no single map_value proven to read one (row[column])"
+    return later[0].value_column, ""

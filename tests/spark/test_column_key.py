@@ -21,7 +21,7 @@ import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError
 from flowspark.spark import SparkSink, SparkSource, compile_flow, run
-from flowspark.spark.batch import describe_stage
+from flowspark.spark.describe import describe_stage
 from flowspark.spark.optimize import Env, optimize
 from flowspark.testing import TestingSink, TestingSource, per_key, run_main
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import operator
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -27,7 +28,8 @@ import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.errors import RecoveryError
 from flowspark.spark import SparkSink, SparkSource, compile_flow, run
-from flowspark.spark.optimize import RULES, rule_names
+from flowspark.spark.optimize import RULES
+from flowspark.spark.switches import rule_names
 from flowspark.spark.tools import physical_plans
 from flowspark.testing import TestingSink, TestingSource, per_key, run_main
 
@@ -84,6 +86,19 @@ def _eof(src: Any, out: Any) -> Dataflow:
     return flow
 
 
+def _reduce(src: Any, out: Any) -> Dataflow:
+    """`key_on` (a column) -> `map_value` (a column) -> `reduce_final(operator.add)`: a Spark aggregate."""
+    flow = Dataflow("reduce")
+    keyed = op.key_on("key", op.input("inp", flow, src), _user)
+    total = op.reduce_final("total", op.map_value("v", keyed, _v), operator.add)
+    op.output("out", total, TestingSink(out))
+    return flow
+
+
+def _v(r):
+    return r["v"]
+
+
 def _to_rows(flow: Dataflow, counts: Any, out: Any, schema: Optional[str] = OUT_SCHEMA) -> Dataflow:
     rows = op.map("row", counts, _row)
     op.output("out", rows, TestingSink(out) if isinstance(out, list) else SparkSink("parquet", out, schema=schema))
@@ -125,6 +140,7 @@ FLOWS = {
     for f in (
         Flow("keyed", _keyed, "list", False),
         Flow("eof", _eof, "list", False),
+        Flow("reduce", _reduce, "parquet", False),
         Flow("rows", _rows, "list", True),
         Flow("columns", _rows, "parquet", True),
         Flow("sampled", _rows_sampled, "parquet", True),
@@ -139,6 +155,7 @@ CASES = [
     ("unordered_emits", "stage 1", "rows"),
     ("eof_only", "stage 1", "eof"),
     ("bare_state", "stage 1", "python_stream"),
+    ("native_reduction", "stage 1", "reduce"),
     ("spark_keys", "stage 1", "columns"),
     ("spark_keys", "stage 1", "parquet_stream"),
     ("value_mappers", "stage 1", "columns"),
@@ -299,7 +316,7 @@ def test_rule_gives_the_reference_output(runs, rule, where, flow):
     assert with_all.output == in_memory.output
     assert without.output == in_memory.output
     assert reference.output == in_memory.output
-    assert sum(len(v) for v in in_memory.output.values()) == (5 if flow == "eof" else len(EVENTS))
+    assert sum(len(v) for v in in_memory.output.values()) == (5 if flow in ("eof", "reduce") else len(EVENTS))
 
 
 def test_flowspark_rules_none_in_the_environment_switches_every_rule_off(spark, tmp_path, monkeypatch):

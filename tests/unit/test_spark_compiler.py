@@ -12,7 +12,8 @@ from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
 from flowspark.inputs import SimplePollingSource
 from flowspark.spark import SparkSink, SparkSource, compile_flow
 from flowspark.spark.batch import check_bounded, describe_stage
-from flowspark.spark.optimize import Env, optimize, rules_arg
+from flowspark.spark.optimize import Env, optimize
+from flowspark.spark.switches import rules_arg
 from flowspark.testing import TestingSink, TestingSource
 
 

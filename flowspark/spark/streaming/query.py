@@ -104,7 +104,7 @@ class StreamingRun:
         self._sink_fused_stage: Optional[int] = None
         self._schemas: dict[str, Any] = {}  # StructTypes of native sinks given no schema (pinned)
         self._counts: Any = None  # accumulator of the state counts (state.LatestCounts)
-        #: The rules switched on and how they were asked for (`flowspark.spark.optimize.rules_arg`).
+        #: The rules switched on and how they were asked for (`flowspark.spark.switches.rules_arg`).
         self.rules: tuple[frozenset[str], str] = options["rules"]
         #: The SparkSource stages' streaming DataFrames, read once (`source_df`).
         self._sources: dict[int, Any] = {}

@@ -10,7 +10,6 @@ from flowspark.deadletter import DeadLetterDir, dead_letter_arg
 from flowspark.errors import (
     FlowsparkTypeError,
 )
-from flowspark.spark.optimize import rules_arg
 from flowspark.spark.session import quiet_query_context
 from flowspark.spark.streaming.checkpoint import (
     check_layout,
@@ -23,6 +22,7 @@ from flowspark.spark.streaming.query import StreamingRun
 from flowspark.spark.streaming.state import (
     LAYOUTS,
 )
+from flowspark.spark.switches import rules_arg
 
 __all__ = ["run_streaming"]
 
@@ -91,7 +91,7 @@ def run_streaming(
             a new checkpoint on an old output) is refused before any micro-batch runs, since
             Spark's file sink would skip those micro-batch ids and write nothing; `True`
             deletes that directory instead, and the query writes it anew.
-        rules: Which fast paths may apply (`flowspark.spark.optimize.rules_arg`): `"all"`,
+        rules: Which fast paths may apply (`flowspark.spark.switches.rules_arg`): `"all"`,
             `"none"` or `"-NAME,-NAME"`; default the environment variable `FLOWSPARK_RULES`,
             else all. A rule that changes the query's shape (`spark_keys`) stays what the
             checkpoint started with.

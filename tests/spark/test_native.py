@@ -1,0 +1,223 @@
+"""The rule `native_reduction`: built-in reductions of a SparkSource's columns run as Spark aggregates.
+
+Every case compares the Spark batch run with every rule on, with `rules="none"` (the Python
+pass) and the in-memory executor (`run_main` over the same rows): same `(key, value)` per key,
+same Python types (an `int` sum beyond 2**63 stays exact), same error naming the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import operator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import flowspark.operators as op
+from flowspark import reducers
+from flowspark.dataflow import Dataflow
+from flowspark.errors import FlowsparkRuntimeError
+from flowspark.spark import SparkSource, compile_flow, run
+from flowspark.spark.tools import physical_plans
+from flowspark.testing import TestingSink, TestingSource, run_main
+
+SCHEMA = "user STRING, amount LONG, name STRING, price DOUBLE"
+#: The outputs of `_flow`, in order.
+OUTS = ("count", "total", "top", "low", "fold_sum", "fold_count", "fold_min_name", "max_name")
+
+
+def _user(r):
+    return r["user"]
+
+
+def _amount(r):
+    return r["amount"]
+
+
+def _name(r):
+    return r["name"]
+
+
+def _price(r):
+    return r["price"]
+
+
+def _flow(src: Any, outs: dict[str, list[Any]]) -> Dataflow:
+    """Every recognised reduction over one source: two keys' worth of branches, one output each."""
+    flow = Dataflow("native")
+    s = op.input("inp", flow, src)
+    k = op.key_on("key", s, _user)
+    amounts = op.map_value("amount", k, _amount)
+    names = op.map_value("name", k, _name)
+    streams = {
+        "count": op.count_final("count", s, _user),
+        "total": op.reduce_final("total", amounts, operator.add),
+        "top": op.max_final("top", amounts),
+        "low": op.reduce_final("low", amounts, min),
+        "fold_sum": op.fold_final("fold_sum", amounts, reducers.zero, reducers.sum),
+        "fold_count": op.fold_final("fold_count", names, reducers.zero, reducers.count),
+        "fold_min_name": op.fold_final("fold_min_name", names, reducers.nothing, reducers.min),
+        "max_name": op.reduce_final("max_name", names, max),
+    }
+    for name in OUTS:
+        op.output(f"out_{name}", streams[name], TestingSink(outs.setdefault(name, [])))
+    return flow
+
+
+def _parquet(spark: Any, tmp: Any, rows: list[dict[str, Any]], schema: str = SCHEMA) -> str:
+    path = str(tmp / f"in{len(list(tmp.iterdir()))}")
+    spark.createDataFrame(rows, schema).coalesce(1).write.parquet(path)
+    return path
+
+
+def _on_spark(spark: Any, build: Any, path: str, rules: str, **options: Any) -> tuple[dict[str, Any], str]:
+    """The outputs (each as `{key: value}`, checked one per key) and the rendered decisions of a batch run."""
+    outs: dict[str, list[Any]] = {}
+    text = io.StringIO()
+    with contextlib.redirect_stdout(text):
+        run(build(SparkSource("parquet", path), outs), spark=spark, rules=rules, explain=True, **options)
+    return _by_key(outs), text.getvalue()
+
+
+def _by_key(outs: dict[str, list[Any]]) -> dict[str, Any]:
+    got = {}
+    for name, items in outs.items():
+        got[name] = dict(items)
+        assert len(got[name]) == len(items), f"{name}: several items for one key"
+        got[name] = {k: (type(v).__name__, v) for k, v in got[name].items()}
+    return got
+
+
+def _in_memory(build: Any, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    outs: dict[str, list[Any]] = {}
+    run_main(build(TestingSource(rows), outs))
+    return _by_key(outs)
+
+
+_LONG = st.integers(min_value=-(2**63), max_value=2**63 - 1)
+_ROWS = st.lists(
+    st.fixed_dictionaries(
+        {
+            "user": st.sampled_from(["a", "b", "é", "z\u00ff", "\U0001f600", "B"]),
+            "amount": st.one_of(_LONG, st.sampled_from([2**63 - 1, -(2**63), 0, -1])),
+            "name": st.text(alphabet="aAzé\u00ff\u0100\U0001f600 ", max_size=4),
+            "price": st.just(1.5),
+        }
+    ),
+    max_size=30,
+)
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=_ROWS)
+@example(rows=[])
+@example(rows=[{"user": "a", "amount": 2**63 - 1, "name": "x", "price": 1.5}] * 3)
+def test_reductions_equal_the_python_pass_and_run_main(spark, tmp_path, rows):
+    path = _parquet(spark, tmp_path, rows)
+    native, text = _on_spark(spark, _flow, path, "all")
+    assert text.count("rule native_reduction: applied") == len(OUTS)
+    reference, text = _on_spark(spark, _flow, path, "none")
+    assert "rule native_reduction: applied" not in text
+    expected = _in_memory(_flow, rows)
+    assert native == expected
+    assert reference == expected
+
+
+def test_sums_beyond_64_bits_stay_python_ints(spark, tmp_path):
+    rows = [{"user": "a", "amount": 2**63 - 1, "name": "x", "price": 1.5}] * 4 + [
+        {"user": "b", "amount": -(2**63), "name": "y", "price": 1.5}
+    ] * 3
+    path = _parquet(spark, tmp_path, rows)
+    native, _text = _on_spark(spark, _flow, path, "all")
+    assert native["total"] == {"a": ("int", 4 * (2**63 - 1)), "b": ("int", -3 * 2**63)}
+    assert native == _in_memory(_flow, rows)
+
+
+def _float_sum(src: Any, outs: dict[str, list[Any]]) -> Dataflow:
+    flow = Dataflow("floats")
+    keyed = op.key_on("key", op.input("inp", flow, src), _user)
+    total = op.reduce_final("total", op.map_value("price", keyed, _price), operator.add)
+    op.output("out", total, TestingSink(outs.setdefault("total", [])))
+    return flow
+
+
+def _amount_sum(src: Any, outs: dict[str, list[Any]]) -> Dataflow:
+    flow = Dataflow("amounts")
+    keyed = op.key_on("key", op.input("inp", flow, src), _user)
+    total = op.reduce_final("total", op.map_value("amount", keyed, _amount), operator.add)
+    op.output("out", total, TestingSink(outs.setdefault("total", [])))
+    return flow
+
+
+def _computed(src: Any, outs: dict[str, list[Any]]) -> Dataflow:
+    flow = Dataflow("computed")
+    keyed = op.key_on("key", op.input("inp", flow, src), _user)
+    total = op.reduce_final("total", op.map_value("double", keyed, lambda r: 2 * r["amount"]), operator.add)
+    op.output("out", total, TestingSink(outs.setdefault("total", [])))
+    return flow
+
+
+ROWS = [{"user": f"u{i % 3}", "amount": i - 4, "name": f"n{i}", "price": 0.25 * i} for i in range(10)]
+
+
+def test_a_float_sum_needs_the_opt_in(spark, tmp_path):
+    path = _parquet(spark, tmp_path, ROWS)
+    got, text = _on_spark(spark, _float_sum, path, "all")
+    assert (
+        "rule native_reduction: not applied (column 'price' is double: a float sum may differ from Python's "
+        "(addition order, NaN, -0.0); run with float_reductions=True to accept that)"
+    ) in text
+    assert got == _in_memory(_float_sum, ROWS)
+    opted, text = _on_spark(spark, _float_sum, path, "all", float_reductions=True)
+    assert "rule native_reduction: applied" in text
+    assert opted == got  # quarters add exactly in any order
+
+
+def test_a_value_that_is_not_a_column_keeps_the_python_pass(spark, tmp_path):
+    path = _parquet(spark, tmp_path, ROWS)
+    got, text = _on_spark(spark, _computed, path, "all")
+    assert (
+        "rule native_reduction: not applied (its values are not one column: no single map_value proven to read "
+        "one (row[column]))"
+    ) in text
+    assert got == _in_memory(_computed, ROWS)
+
+
+def _error(fn: Any) -> str:
+    with pytest.raises(FlowsparkRuntimeError) as info:
+        fn()
+    return str(info.value)
+
+
+@pytest.mark.parametrize("column", ["amount", "user"])
+def test_a_null_gives_the_in_memory_result_or_error(spark, tmp_path, column):
+    rows = [dict(r) for r in ROWS]
+    rows[4][column] = None
+    path = _parquet(spark, tmp_path, rows)
+    expected = _error(lambda: run_main(_flow(TestingSource(rows), {})))
+    assert "native.total" in expected or "native.key" in expected or "native.count" in expected
+    assert _error(lambda: run(_flow(SparkSource("parquet", path), {}), spark=spark)) == expected
+    assert _error(lambda: run(_flow(SparkSource("parquet", path), {}), spark=spark, rules="none")) == expected
+
+
+def test_a_lone_null_per_key_is_emitted_as_none(spark, tmp_path):
+    rows = [{"user": "a", "amount": None, "name": "x", "price": 1.0}]
+    path = _parquet(spark, tmp_path, rows)
+    got, _text = _on_spark(spark, _amount_sum, path, "all")
+    assert got == _in_memory(_amount_sum, rows)
+    assert got["total"] == {"a": ("NoneType", None)}
+
+
+def test_flowspark_plan_shows_the_aggregate(spark, tmp_path):
+    path = _parquet(spark, tmp_path, ROWS)
+    plan, _ = physical_plans(compile_flow(_flow(SparkSource("parquet", path), {})), spark)
+    text = str(plan)
+    assert text.count("rule native_reduction: applied") == len(OUTS)
+    assert "rule spark_keys: not applied (Spark aggregates the stage (native_reduction))" in text
+    from flowspark.spark.describe import describe_stage
+
+    assert "groupBy('user').agg(sum('amount')" in plan.render(describe_stage)
