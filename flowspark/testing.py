@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from itertools import islice
+from itertools import chain, islice
 from typing import Any, Optional, TypeVar, Union
 
 from typing_extensions import override
@@ -112,9 +112,22 @@ class _IterSourcePartition(StatefulSourcePartition[X, int]):
         if self._raise is not None:
             raise self._raise
         self._next_awake = None
+        if self._batch_size == 1:
+            # The default batch size: one item per call, so this is the executor's hot loop
+            # (a call per item); a marker goes the general way.
+            item: Any = next(self._it, _DONE)
+            if item is _DONE:
+                raise StopIteration
+            if type(item) not in _MARKER_TYPES:
+                self._idx += 1
+                return [item]
+            return self._batch(chain((item,), self._it))
+        return self._batch(self._it)
+
+    def _batch(self, items: Iterable[Any]) -> list[X]:
         batch: list[X] = []
         size = self._batch_size
-        for item in self._it:
+        for item in items:
             if isinstance(item, _MARKERS):
                 if isinstance(item, TestingSource.EOF):
                     self._raise = StopIteration()
@@ -252,6 +265,8 @@ class TestingSource(FixedPartitionedSource[X, int], DriverItems):
 
 _MARKERS = (TestingSource.EOF, TestingSource.ABORT, TestingSource.PAUSE)
 _MARKER_TYPES = frozenset(_MARKERS)
+#: The end of a partition's items (`_IterSourcePartition.next_batch`).
+_DONE = object()
 
 
 class _ListSinkPartition(StatelessSinkPartition[X]):

@@ -47,7 +47,7 @@ from __future__ import annotations
 import copy
 import itertools
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from operator import itemgetter
 from typing import Any, Callable, Optional
@@ -400,6 +400,23 @@ class StepDriver:
             self.resumed.pop(key, None)
         return out
 
+    def feed_singles(
+        self,
+        logics: dict[str, Any],
+        items: list[Any],
+        out: list[Any],
+        touched: dict[str, None],
+        out_ends: Optional[list[int]],
+    ) -> None:
+        """Feed `(key, value)` items, each an activation of its own: one `on_batch` per item.
+
+        The in-memory executor's hot loop with `TestingSource`'s default `batch_size=1`.
+        """
+        for kv in items:
+            if type(kv) is not tuple or len(kv) != 2 or type(kv[0]) is not str:
+                self.check_item(kv)
+        self._feed_pairs(logics, ((kv[0], [kv[1]]) for kv in items), out, touched, out_ends)
+
     def snapshot(self, key: str, logic: Any) -> Any:
         """Call `snapshot`.
 
@@ -492,7 +509,6 @@ class StepDriver:
         touched: dict[str, None],
         out_ends: Optional[list[int]] = None,
         *,
-        singles: bool = False,
         now: Optional[datetime] = None,
     ) -> None:
         """Feed `(key, value)` items: each run of consecutive items of one key is one `on_batch`.
@@ -505,13 +521,18 @@ class StepDriver:
             touched: Receives every key seen.
             out_ends: If given, receives the end offset in `out` of each run's emits
                 (when it emitted something).
-            singles: Each item is an activation of its own: one `on_batch` per item.
             now: Fixed time: each run goes through `drive` at `now` (due notifications
                 fire between its values) instead of one `on_batch`.
         """
-        append = out.append
-        builder_for = self.build
-        resumed = self.resumed
+        if now is not None:
+            for key, values in self._runs(items):
+                touched[key] = None
+                self._drive_run(logics, key, values, out, now)
+            return
+        self._feed_pairs(logics, self._runs(items), out, touched, out_ends)
+
+    def _runs(self, items: list[Any]) -> Iterator[tuple[str, list[Any]]]:
+        """`(key, values)` for each run of consecutive items of one key (each item checked)."""
         n = len(items)
         i = 0
         while i < n:
@@ -520,21 +541,31 @@ class StepDriver:
                 self.check_item(kv)
             key = kv[0]
             j = i + 1
-            while j < n and not singles:
+            while j < n:
                 nxt = items[j]
                 if type(nxt) is tuple and len(nxt) == 2 and nxt[0] == key:
                     j += 1
                 else:
                     break
-            values = [kv[1]] if j == i + 1 else [items[m][1] for m in range(i, j)]
+            yield key, [kv[1]] if j == i + 1 else [items[m][1] for m in range(i, j)]
             i = j
+
+    def _feed_pairs(
+        self,
+        logics: dict[str, Any],
+        runs: Iterable[tuple[str, list[Any]]],
+        out: list[Any],
+        touched: dict[str, None],
+        out_ends: Optional[list[int]],
+    ) -> None:
+        """One `on_batch` per `(key, values)` run, in order (see `feed_runs`)."""
+        append = out.append
+        resumed = self.resumed
+        for key, values in runs:
             touched[key] = None
-            if now is not None:
-                self._drive_run(logics, key, values, out, now)
-                continue
             logic = logics.get(key)
             if logic is None:
-                logic = logics[key] = builder_for(key)
+                logic = logics[key] = self.build(key)
             try:
                 res: Any = logic.on_batch(values)
             except Exception as e:

@@ -168,8 +168,8 @@ class _InputRt(_Rt):
                 next_batch = part.next_batch
                 next_awake = part.next_awake
                 one_batch = ex.one_batch_per_pass
-                awakes = self.awake
                 n = len(out)
+                awake = None
                 while n < _BATCH_TARGET:
                     batch = next_batch()
                     got = n
@@ -178,9 +178,10 @@ class _InputRt(_Rt):
                     if n != got:
                         ends.append(n)
                     awake = next_awake()
-                    awakes[key] = awake
                     if awake is not None or n == got or one_batch:
                         break
+                # Only the last batch's can be set: a wake-up time ends the loop.
+                self.awake[key] = awake
             except StopIteration:
                 self.part_eof[key] = True
                 if self.stateful and ex.store is not None:
@@ -534,7 +535,7 @@ class _StatefulRt(_Rt):
             expired = self._expire(ex.now()) if self.ttl is not None else ()
             if items:
                 if bounds is _SINGLES:
-                    driver.feed_runs(self.logics, items, out, touched, out_ends, singles=True)
+                    driver.feed_singles(self.logics, items, out, touched, out_ends)
                 else:
                     driver.feed_grouped(self.logics, items, bounds, out, touched, out_ends)
             if self.ttl is not None:
