@@ -915,7 +915,6 @@ _NONE: list[Any] = []
 # For `flowspark.runtime.workers`, which runs one executor per worker over these step runtimes.
 Executor = _Executor
 StepRuntime = _Rt
-InputRuntime = _InputRt
 OutputRuntime = _OutputRt
 
 

@@ -15,14 +15,17 @@ own step runtimes over its share of the flow, as Bytewax 0.21.1 shares it
 - `redistribute` sends each item to a worker drawn at random (a fixed seed, so a run
   repeats); every other step runs on the worker that holds the item.
 
-The workers take turns in one thread: a pass runs each core step on worker 0, 1, ...
-before the next step, moving items to their worker where a step needs it (an
-*exchange*). A pass therefore stays a consistent cut for epochs and snapshots, which
-all workers take together. Per key, a stateful step sees the same values in the same
-activations as with one worker when they come from one source partition; values of
-one key from several partitions arrive worker by worker within a pass (in Bytewax, in
-whatever order the threads deliver them). A stream reaches end of input on a worker
-when it has on every worker, as a Timely frontier does.
+The workers take turns in one thread. A pass polls one batch from every source
+partition (Bytewax's activation) and runs each core step on worker 0, 1, ... before
+the next step, moving items to their worker where a step needs it (an *exchange*,
+which keeps each sending worker's order). So the workers' outputs interleave batch by
+batch, a pass stays a consistent cut for epochs and snapshots (all workers take them
+together), and per key a stateful step gets the same values in the same activations
+as with one worker when they come from one source partition; a key's values from
+several partitions in one pass arrive worker by worker (in Bytewax, in whatever order
+the threads deliver them). A stream reaches end of input on a worker when it has on
+every worker, as a Timely frontier does. Moving one batch at a time makes N workers
+slower than one: they are for testing how a flow behaves when partitioned.
 """
 
 from __future__ import annotations
@@ -33,8 +36,7 @@ from typing import Any, Callable, Optional, cast
 from flowspark import ir
 from flowspark.outputs import FixedPartitionedSink, part_of
 from flowspark.recovery import RecoveryStore
-from flowspark.runtime.bounds import segments
-from flowspark.runtime.local import Executor, InputRuntime, OutputRuntime, StepRuntime, run_flow
+from flowspark.runtime.local import Executor, OutputRuntime, StepRuntime, run_flow
 from flowspark.runtime.routing import key_worker, primaries
 
 __all__ = ["run_workers"]
@@ -117,7 +119,12 @@ class _Workers(Executor):
             self.workers.append(w)
         self.rts = [rt for w in self.workers for rt in w.rts]
         self.nodes = list(ir.walk(graph))
-        self._one_batch_per_pass()
+        # One source batch (Bytewax's activation) per partition moves through every worker in
+        # a pass, so the workers' outputs interleave batch by batch, and a pass carries no
+        # activation bounds to keep apart across an exchange.
+        for w in self.workers:
+            w.one_batch_per_pass = True
+            w.needs_bounds = set()
         self.rng = random.Random(_SEED)
         #: Step index -> the route of its input, for the steps whose input is exchanged.
         self.routes: dict[int, _Route] = {}
@@ -126,22 +133,6 @@ class _Workers(Executor):
                 self.routes[i] = _by_key(workers)
             elif isinstance(node, ir.Output) and isinstance(node.sink, FixedPartitionedSink):
                 self.routes[i] = _by_part(node, cast(OutputRuntime, self.workers[0].rts[i]).part_keys, workers)
-
-    def _one_batch_per_pass(self) -> None:
-        """One source batch per partition in a pass when the cluster has several partitions of an input.
-
-        As for one worker (`Executor.one_batch_per_pass`), counted over all workers: a
-        `DynamicSource` has one partition per worker.
-        """
-        several = any(
-            sum(len(cast(InputRuntime, w.rts[i]).parts) for w in self.workers) > 1
-            for i, node in enumerate(self.nodes)
-            if isinstance(node, ir.Input)
-        )
-        if several or any(w.one_batch_per_pass for w in self.workers):
-            for w in self.workers:
-                w.one_batch_per_pass = True
-                w.needs_bounds = set()
 
     def run_pass(self) -> None:
         workers = self.workers
@@ -162,7 +153,6 @@ class _Workers(Executor):
         dead: list[dict[str, Any]] = []
         for w in workers:
             w.vals = {}
-            w.bounds = {}
             if w.dead:
                 dead.extend(w.dead)
                 w.dead = []
@@ -175,8 +165,8 @@ class _Workers(Executor):
 
         The stream's items stay where they were for its other consumers.
         """
-        for w, routed in zip(self.workers, self._exchange(stream, route), strict=True):
-            kept = _place(w, stream, routed)
+        for w, items in zip(self.workers, self._exchange(stream, route), strict=True):
+            kept = _place(w, stream, items)
             w.rts[i].step(w)
             _place(w, stream, kept)
 
@@ -184,42 +174,24 @@ class _Workers(Executor):
         """Move each item of a `redistribute` step's output to a worker drawn at random."""
         n = len(self.workers)
         pick = self.rng.randrange
-        for w, routed in zip(self.workers, self._exchange(stream, lambda _x, _here: pick(n)), strict=True):
-            _place(w, stream, routed)
+        for w, items in zip(self.workers, self._exchange(stream, lambda _x, _here: pick(n)), strict=True):
+            _place(w, stream, items)
 
-    def _exchange(self, stream: str, route: _Route) -> list[tuple[list[Any], Any]]:
-        """Every worker's items of `stream` and their activation bounds, sent where `route` says.
-
-        Each worker gets them worker by worker, each sending worker's order kept; where a
-        stateful step is downstream, each sending worker's activations stay apart.
-        """
-        workers = self.workers
-        keep = stream in workers[0].needs_bounds
-        outs: list[list[Any]] = [[] for _ in workers]
-        ends: list[list[int]] = [[] for _ in workers]
-        for w in workers:
-            items = w.vals.get(stream)
-            if not items:
-                continue
+    def _exchange(self, stream: str, route: _Route) -> list[list[Any]]:
+        """Every worker's items of `stream`, sent where `route` says (worker by worker, each one's order kept)."""
+        outs: list[list[Any]] = [[] for _ in self.workers]
+        for w in self.workers:
             here = w.worker[0]
-            for seg in segments(items, w.bounds.get(stream) if keep else None):
-                for x in seg:
-                    outs[route(x, here)].append(x)
-                if keep:
-                    for out, e in zip(outs, ends, strict=True):
-                        if out and (not e or e[-1] != len(out)):
-                            e.append(len(out))
-        return [(out, e if keep and len(e) > 1 else None) for out, e in zip(outs, ends, strict=True)]
+            for x in w.vals.get(stream, ()):
+                outs[route(x, here)].append(x)
+        return outs
 
 
-def _place(w: _Worker, stream: str, routed: tuple[Any, Any]) -> tuple[Any, Any]:
-    """Make `routed` (items, bounds) the worker's items of `stream` in this pass; return what they were."""
-    kept = w.vals.pop(stream, None), w.bounds.pop(stream, None)
-    items, bounds = routed
+def _place(w: _Worker, stream: str, items: Optional[list[Any]]) -> Optional[list[Any]]:
+    """Make `items` the worker's items of `stream` in this pass; return what they were."""
+    kept = w.vals.pop(stream, None)
     if items:
         w.vals[stream] = items
-        if bounds is not None:
-            w.bounds[stream] = bounds
     return kept
 
 
