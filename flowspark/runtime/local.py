@@ -1013,23 +1013,19 @@ def run_main(
     run_flow("run_main", flow, _Executor, **options)
 
 
-def run_flow(
-    fn: str,
-    flow: Any,
-    make: Callable[..., _Executor],
-    *,
-    epoch_interval: Optional[timedelta] = None,
-    recovery_config: Optional[RecoveryConfig] = None,
-    clock: str = "system",
-    start_time: Optional[datetime] = None,
-    roundtrip_state: bool = False,
-    state_ttl: Optional[timedelta] = None,
-    dead_letter: Any = None,
-) -> None:
+def run_flow(fn: str, flow: Any, make: Callable[..., _Executor], **options: Any) -> None:
     """Check `run_main`'s arguments (`fn` names the caller), then run the flow on `make(graph, **options)`.
 
     `make` is `_Executor` for one worker (`run_main`), `flowspark.runtime.workers` builds several.
+    `options` are `run_main`'s keyword arguments.
     """
+    epoch_interval, recovery_config = options.pop("epoch_interval", None), options.pop("recovery_config", None)
+    clock, start_time = options.pop("clock", "system"), options.pop("start_time", None)
+    roundtrip_state, state_ttl = options.pop("roundtrip_state", False), options.pop("state_ttl", None)
+    dead_letter = options.pop("dead_letter", None)
+    if options:
+        msg = f"{fn}() got unexpected keyword arguments {sorted(options)}"
+        raise TypeError(msg)
     from flowspark.dataflow import Dataflow
 
     if not isinstance(flow, Dataflow):
