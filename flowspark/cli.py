@@ -1,7 +1,7 @@
 """The `flowspark` command line (also `python -m flowspark`).
 
 ```
-flowspark run IMPORT_STR [--runtime local|spark] [--master URL | --remote sc://HOST:PORT]
+flowspark run IMPORT_STR [--runtime local|spark] [-w N] [--master URL | --remote sc://HOST:PORT]
                          [--checkpoint DIR]
                          [--trigger available_now|"N seconds"] [--conf key=value ...]
 flowspark plan IMPORT_STR [--format text|mermaid|json] [-r] [--spark [--no-physical]]
@@ -15,7 +15,8 @@ flowspark state CHECKPOINT [--step STEP_ID] [--key KEY] [--batch-id N] [--format
 with literal arguments. `python -m flowspark.run` stays the Bytewax-style
 shortcut for the in-memory executor.
 
-`run` uses the in-memory executor unless `--runtime spark` is given (or any of
+`run` uses the in-memory executor (`-w N`: N workers in this process, as Bytewax's
+`python -m bytewax.run -w N`) unless `--runtime spark` is given (or any of
 `--master`, `--remote`, `--checkpoint`, `--trigger`, `--conf`, which only make
 sense on Spark; `--remote` runs through a Spark Connect server). On Spark, a
 flow whose sources are all bounded runs as batch jobs and shows its progress
@@ -72,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--runtime",
         choices=["local", "spark"],
         help="local: the in-memory executor (default); spark: Apache Spark",
+    )
+    run.add_argument(
+        "-w",
+        "--workers-per-process",
+        type=positive_int,
+        metavar="N",
+        help="in memory: N workers in this process, with Bytewax's assignment of partitions and keys "
+        "(default 1); with --runtime spark: master local[N]",
     )
     run.add_argument("--master", metavar="URL", help="Spark master (default local[*]); implies --runtime spark")
     run.add_argument(
@@ -398,11 +407,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if runtime == "local" and spark_only:
         msg = f"{', '.join(spark_only)}: only for --runtime spark; drop them or use --runtime spark"
         raise CliError(msg)
+    workers = args.workers_per_process
+    if workers is not None and runtime == "spark":
+        if args.master is not None or args.remote is not None:
+            other = "--master" if args.remote is None else "--remote"
+            msg = f"-w {workers} and {other}: give one (on Spark, -w N means --master local[N])"
+            raise CliError(msg)
+        args.master = f"local[{workers}]"
     flow = _load(args.import_str)
     if runtime == "local":
-        from flowspark.runtime.local import run_main
+        from flowspark.runtime.workers import run_workers
 
-        run_main(flow, state_ttl=args.state_ttl, dead_letter=_dead_letter(args))
+        run_workers("flowspark run", flow, workers or 1, state_ttl=args.state_ttl, dead_letter=_dead_letter(args))
         return 0
     _need_pyspark("run --runtime spark")
     from flowspark.spark.switches import rules_arg

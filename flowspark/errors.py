@@ -29,7 +29,8 @@ FlowsparkError
 │   ├── NoPartitionsError        (+ FileNotFoundError)
 │   ├── MissingPartitionsError   (+ FileNotFoundError)
 │   └── InconsistentPartitionsError
-├── SingleWorkerError            (+ ValueError)  more than one worker asked of the in-memory executor
+├── SingleProcessError           (+ ValueError)  a cluster of several processes asked of the in-memory
+│                                                 executor (alias: SingleWorkerError)
 ├── WorkerEnvironmentError       (+ RuntimeError) Spark's Python workers cannot run flowspark
 └── ImportStrError               (+ ValueError)  a CLI import string did not resolve
 ```
@@ -66,6 +67,7 @@ __all__ = [
     "MissingPathError",
     "NotADirectoryPathError",
     "RecoveryError",
+    "SingleProcessError",
     "SingleWorkerError",
     "StreamScopeError",
     "WorkerEnvironmentError",
@@ -249,14 +251,18 @@ class InconsistentPartitionsError(RecoveryError):
     """Recovery partitions disagree with each other."""
 
 
-class SingleWorkerError(FlowsparkError, ValueError):
-    """More than one worker was asked of the in-memory executor, which runs one.
+class SingleProcessError(FlowsparkError, ValueError):
+    """A cluster of several processes was asked of the in-memory executor, which runs its workers in one.
 
-    Raised by `flowspark.testing.cluster_main`, `flowspark.run.cli_main` and
-    `python -m flowspark.run` for `-w N` (N > 1), `-i` or `-a`. Parallelism
-    comes from Spark: `flowspark run --runtime spark`,
-    `python -m flowspark.run --runtime spark -w N` or `flowspark submit`.
+    Raised by `flowspark.testing.cluster_main` and `flowspark.run.cli_main` for more
+    than one address (a process of a multi-process cluster). N workers in this process
+    run: `worker_count_per_proc=N`, `-w N`. A cluster of machines is Spark's:
+    `flowspark submit IMPORT_STR --master spark://HOST:PORT`.
     """
+
+
+#: The name of `SingleProcessError` while the in-memory executor ran a single worker.
+SingleWorkerError = SingleProcessError
 
 
 class WorkerEnvironmentError(FlowsparkError, RuntimeError):

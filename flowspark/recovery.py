@@ -8,7 +8,10 @@ position and every sink partition's state, then commits the epoch. A later run
 with the same store resumes from the last epoch committed in every partition:
 after an EOF it continues the input with state restored; after an abort or
 crash it replays the input since the last snapshot (output of that stretch may
-be repeated).
+be repeated). Snapshots are kept per step and key (or partition), not per worker,
+so a run may resume a store written with another number of workers
+(`cluster_main(..., worker_count_per_proc=N)`): each worker takes the keys and
+partitions it owns now, as Bytewax rescales.
 
 Garbage collection, as in Bytewax: once an epoch is committed in every
 partition, each partition deletes the snapshots that epoch `E - k` no longer

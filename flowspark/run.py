@@ -10,7 +10,7 @@ deployment's environment keeps working:
   Env: `FLOWSPARK_RECOVERY_DIRECTORY`, `BYTEWAX_RECOVERY_DIRECTORY`.
 - `-b/--backup-interval SECS`: `RecoveryConfig.backup_interval` (older snapshots kept this long).
   Env: `FLOWSPARK_RECOVERY_BACKUP_INTERVAL`, `BYTEWAX_RECOVERY_BACKUP_INTERVAL`.
-- `-w/--workers-per-process N`: workers (see below).
+- `-w/--workers-per-process N`: workers in this process (see below).
   Env: `FLOWSPARK_WORKERS_PER_PROCESS`, `BYTEWAX_WORKERS_PER_PROCESS`.
 - `-i/--process-id N`: this process's index in `-a`.
   Env: `FLOWSPARK_PROCESS_ID`, `BYTEWAX_PROCESS_ID`, or `BYTEWAX_POD_NAME`
@@ -28,12 +28,16 @@ A flag wins over the environment; of the variables the first one set wins.
 `python -m flowspark.run "flows/wc.py:get_flow('in.txt', n=2)"`. Create a
 recovery store first with `python -m flowspark.recovery DIR 1`.
 
-Workers: the in-memory executor runs one worker in one process. `-w 1`, and
-`-a` with a single address (with `-i 0`), describe exactly that and run.
-`-w N` with N > 1 needs `--runtime spark`, which runs the flow on local Spark
-with N cores (master `local[N]`; without `-w`, `local[*]`). A cluster of
-several processes (`-a` with more than one address) is Spark's job:
-`flowspark submit IMPORT_STR --master spark://HOST:PORT`. Recovery flags
+Workers: `-w N` runs N workers in this process, as Bytewax does: the in-memory
+executor gives each worker its source partitions and keys as Bytewax assigns
+them (see `flowspark.runtime.workers`; the workers take turns in one thread).
+`-a` with a single address (with `-i 0`) describes this one process. A cluster
+of several processes (`-a` with more than one address) cannot be joined in
+memory: it is Spark's job, `flowspark submit IMPORT_STR --master
+spark://HOST:PORT`. `python -m flowspark.testing` takes Bytewax's `-p P` too and
+runs P x W workers in this process, numbered as Bytewax numbers the workers of
+its P processes. With `--runtime spark`, `-w N` runs the flow on local Spark
+with N cores (master `local[N]`; without `-w`, `local[*]`). Recovery flags
 (`-r/-s/-b`) belong to the in-memory executor; on Spark, state lives in a
 streaming checkpoint (`flowspark run IMPORT_STR --runtime spark --checkpoint DIR`).
 Unlike Bytewax, `-s` and `-b` are optional with `-r` (the in-memory executor
@@ -45,7 +49,7 @@ module.
 
 Problems with the command line itself (a bad import string, a missing module,
 file or attribute, an object that is not a Dataflow, a flow without input or
-output, a missing recovery store, more workers than the runtime can give)
+output, a missing recovery store, a cluster of several processes)
 print one line on stderr and exit with 1; a value that does not parse is a
 usage error (exit 2). An exception raised by the dataflow's own code shows its
 traceback.
@@ -67,7 +71,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from flowspark._args import IMPORT_HELP
-from flowspark.errors import FlowsparkTypeError, SingleWorkerError
+from flowspark.errors import FlowsparkTypeError, SingleProcessError
 
 __all__ = ["cli_main", "main"]
 
@@ -80,11 +84,7 @@ ENV_ADDRESSES = "FLOWSPARK_ADDRESSES"
 
 _PROG = "python -m flowspark.run"
 _log = logging.getLogger(__name__)
-_SPARK_HINT = (
-    "parallelism comes from Spark: `python -m flowspark.run IMPORT_STR --runtime spark -w N` or "
-    "`flowspark run IMPORT_STR --runtime spark` (local cores), `flowspark submit IMPORT_STR "
-    "--master spark://HOST:PORT` (a cluster)"
-)
+_CLUSTER_HINT = "run a cluster of machines on Spark with `flowspark submit IMPORT_STR --master spark://HOST:PORT`"
 
 
 def _seconds(text: str) -> timedelta:
@@ -173,7 +173,7 @@ def build_parser(prog: str = _PROG, *, processes: bool = False) -> argparse.Argu
         "--runtime",
         choices=["local", "spark"],
         default="local",
-        help="local: the in-memory executor (default, one worker); spark: Apache Spark on this machine",
+        help="local: the in-memory executor (default); spark: Apache Spark on this machine",
     )
     rec = parser.add_argument_group("Recovery", "Create the store first with `python -m flowspark.recovery DIR 1`.")
     rec.add_argument(
@@ -192,15 +192,16 @@ def build_parser(prog: str = _PROG, *, processes: bool = False) -> argparse.Argu
     )
     scale = parser.add_argument_group(
         "Scaling",
-        "The in-memory executor runs one worker; with --runtime spark, -w N runs on local Spark with N cores. "
-        "Clusters run with `flowspark submit`.",
+        "The in-memory executor runs N workers in this process (-w N); with --runtime spark, -w N runs on "
+        "local Spark with N cores. Clusters of several processes run with `flowspark submit`.",
     )
     scale.add_argument(
         "-w",
         "--workers-per-process",
         type=_count(1),
         metavar="N",
-        help=f"workers: 1 in memory; N local Spark cores with --runtime spark {env('workers_per_process')}",
+        help=f"workers in this process (default 1); N local Spark cores with --runtime spark "
+        f"{env('workers_per_process')}",
     )
     if processes:
         scale.add_argument(
@@ -208,7 +209,7 @@ def build_parser(prog: str = _PROG, *, processes: bool = False) -> argparse.Argu
             "--processes",
             type=_count(1),
             metavar="N",
-            help=f"processes to start (1 here: the in-memory executor runs one) {env('processes')}",
+            help=f"processes (default 1); in memory, P x W workers run in this one process {env('processes')}",
         )
     scale.add_argument(
         "-i",
@@ -281,8 +282,8 @@ def _check_int(fn: str, name: str, value: Any, least: int) -> int:
     return value
 
 
-def one_worker(fn: str, *, workers: Any, workers_name: str, process_id: Any, pid_name: str, addresses: Any) -> None:
-    """Check that a Bytewax worker layout is the single worker of the in-memory executor.
+def workers_of(fn: str, *, workers: Any, workers_name: str, process_id: Any, pid_name: str, addresses: Any) -> int:
+    """Check a Bytewax worker layout the in-memory executor can run: workers of this one process.
 
     Shared by `cli_main` and `flowspark.testing.cluster_main`.
 
@@ -294,8 +295,11 @@ def one_worker(fn: str, *, workers: Any, workers_name: str, process_id: Any, pid
         pid_name: That argument's name.
         addresses: The processes' addresses, or `None`.
 
+    Returns:
+        The number of workers to run.
+
     Raises:
-        SingleWorkerError: More than one worker or process.
+        SingleProcessError: More than one process.
         FlowsparkTypeError: A value of the wrong type.
         ValueError: A count out of range, or `process_id` without `addresses` or not an index of them.
     """
@@ -314,12 +318,14 @@ def one_worker(fn: str, *, workers: Any, workers_name: str, process_id: Any, pid
         if process_id >= procs:
             msg = f"{fn}: process id {process_id} is not an index of the {procs} address(es) {addresses!r}"
             raise ValueError(msg)
-    if procs * workers > 1:
+    if procs > 1:
         msg = (
-            f"{fn}: the in-memory executor runs one worker; received {procs} process(es) x {workers} "
-            f"worker(s) per process; {_SPARK_HINT}"
+            f"{fn}: the in-memory executor runs its workers in this one process and cannot join a cluster; "
+            f"received {procs} addresses {addresses!r}; run {procs * workers} workers here with "
+            f"{workers_name}={procs * workers} and no addresses, or {_CLUSTER_HINT}"
         )
-        raise SingleWorkerError(msg)
+        raise SingleProcessError(msg)
+    return workers
 
 
 def cli_main(
@@ -333,22 +339,23 @@ def cli_main(
 ) -> None:
     """Run a dataflow as `python -m flowspark.run` does (Bytewax's `bytewax.run.cli_main`).
 
-    The in-memory executor runs one worker: the call runs the flow with
-    `flowspark.testing.run_main` when the arguments describe exactly one worker
-    (`workers_per_process=1` and no `addresses`, or a single address with
-    `process_id` 0 or `None`) and raises `SingleWorkerError` otherwise; run on
-    Spark for parallelism (`flowspark run --runtime spark`, `flowspark submit`).
+    Runs `workers_per_process` workers in this thread with the in-memory executor
+    (one worker: `flowspark.testing.run_main`; more: source partitions and keys are
+    assigned to workers as Bytewax assigns them, see `flowspark.runtime.workers`).
+    `addresses` may name this one process (a single address, `process_id` 0 or
+    `None`); a cluster of several processes raises `SingleProcessError`: run it on
+    Spark (`flowspark submit`).
 
     Args:
         flow: The `Dataflow`.
-        workers_per_process: Workers in this process; must be 1.
+        workers_per_process: Workers in this process.
         process_id: This process's index in `addresses`.
         addresses: Every process's `"host:port"`; at most one.
         epoch_interval: Time between epochs (snapshots); default 10 s.
         recovery_config: A `flowspark.recovery.RecoveryConfig`, or `None`.
 
     Raises:
-        SingleWorkerError: More than one worker or process was asked for (a `ValueError`).
+        SingleProcessError: More than one process was asked for (a `ValueError`).
         ValueError: `process_id` without `addresses`, or not an index of them.
         FlowsparkTypeError: An argument of the wrong type.
         FlowsparkRuntimeError: A step failed (as for `run_main`).
@@ -363,13 +370,16 @@ def cli_main(
         eg.show: 1
         eg.show: 2
         >>> cli_main(flow, workers_per_process=2)
+        eg.show: 1
+        eg.show: 2
+        >>> cli_main(flow, addresses=["localhost:2101", "localhost:2102"], process_id=0)
         Traceback (most recent call last):
         ...
-        flowspark.errors.SingleWorkerError: cli_main: the in-memory executor runs one worker; ...
+        flowspark.errors.SingleProcessError: cli_main: the in-memory executor runs its workers ...
     """
-    from flowspark.runtime.local import run_main
+    from flowspark.runtime.workers import run_workers
 
-    one_worker(
+    n = workers_of(
         "cli_main",
         workers=workers_per_process,
         workers_name="workers_per_process",
@@ -377,40 +387,43 @@ def cli_main(
         pid_name="process_id",
         addresses=addresses,
     )
-    _log.info("running dataflow %r with the in-memory executor (1 worker)", getattr(flow, "flow_id", flow))
-    run_main(flow, epoch_interval=epoch_interval, recovery_config=recovery_config)
+    flow_id = getattr(flow, "flow_id", flow)
+    _log.info("running dataflow %r with the in-memory executor (%d worker%s)", flow_id, n, "s"[: n - 1])
+    run_workers("cli_main", flow, n, epoch_interval=epoch_interval, recovery_config=recovery_config)
 
 
 class _CliError(Exception):
     """A problem with the command line, reported on one line (exit code 1)."""
 
 
-def _check_scaling(args: argparse.Namespace, origin: dict[str, str]) -> None:
-    def src(dest: str) -> str:
-        """The flag and its value as given, e.g. `-w/--workers-per-process 4 (from BYTEWAX_WORKERS_PER_PROCESS)`."""
-        value = getattr(args, dest)
-        if isinstance(value, list):
-            text = ";".join(value)
-        elif isinstance(value, timedelta):
-            text = f"{value.total_seconds():g}"
-        else:
-            text = str(value)
-        var = origin.get(dest)
-        return f"{_ENV[dest][0]} {text}" + (f" (from {var})" if var else "")
+def _source(args: argparse.Namespace, origin: dict[str, str], dest: str) -> str:
+    """The flag and its value as given, e.g. `-w/--workers-per-process 4 (from BYTEWAX_WORKERS_PER_PROCESS)`."""
+    value = getattr(args, dest)
+    if isinstance(value, list):
+        text = ";".join(value)
+    elif isinstance(value, timedelta):
+        text = f"{value.total_seconds():g}"
+    else:
+        text = str(value)
+    var = origin.get(dest)
+    return f"{_ENV[dest][0]} {text}" + (f" (from {var})" if var else "")
 
-    if (getattr(args, "processes", None) or 1) > 1:
-        msg = (
-            f"{src('processes')}: the in-memory executor runs one process with one worker and cannot start "
-            f"{args.processes} yet; drop -p, or run a cluster on Spark with `flowspark submit {args.import_str} "
-            "--master spark://HOST:PORT`"
-        )
-        raise _CliError(msg)
+
+def _check_scaling(args: argparse.Namespace, origin: dict[str, str]) -> int:
+    """Check the scaling flags; return the number of in-memory workers to run."""
+
+    def src(dest: str) -> str:
+        return _source(args, origin, dest)
+
+    submit = f"`flowspark submit {args.import_str} --master spark://HOST:PORT`"
     if args.runtime == "spark":
         cluster = [src(d) for d in ("process_id", "addresses") if getattr(args, d) is not None]
+        if (getattr(args, "processes", None) or 1) > 1:
+            cluster.insert(0, src("processes"))
         if cluster:
             msg = (
-                f"{' and '.join(cluster)}: on Spark the cluster is Spark's; run a cluster with `flowspark submit "
-                f"{args.import_str} --master spark://HOST:PORT`, or use -w N for N local cores"
+                f"{' and '.join(cluster)}: on Spark the cluster is Spark's; run a cluster with {submit}, "
+                "or use -w N for N local cores"
             )
             raise _CliError(msg)
         recovery = [
@@ -424,32 +437,35 @@ def _check_scaling(args: argparse.Namespace, origin: dict[str, str]) -> None:
                 f"in a streaming checkpoint: `flowspark run {args.import_str} --runtime spark --checkpoint DIR`"
             )
             raise _CliError(msg)
-        return
+        return 0
     workers = args.workers_per_process or 1
+    procs = getattr(args, "processes", None) or 1
     addresses = args.addresses
+    if procs > 1 and (addresses is not None or args.process_id is not None):
+        given = " and ".join(src(d) for d in ("process_id", "addresses") if getattr(args, d) is not None)
+        msg = (
+            f"{src('processes')} with {given}: -p runs {procs} x {workers} workers in this process and "
+            "numbers them itself; drop -i/-a"
+        )
+        raise _CliError(msg)
     if args.process_id is not None and addresses is None:
         msg = (
-            f"{src('process_id')} needs -a/--addresses (as in Bytewax); the in-memory executor "
-            f"runs one process: drop -i, or run a cluster with `flowspark submit {args.import_str} "
-            "--master spark://HOST:PORT`"
+            f"{src('process_id')} needs -a/--addresses (as in Bytewax); the in-memory executor runs its "
+            f"workers in this one process: drop -i (use -w N for N workers), or run a cluster with {submit}"
         )
         raise _CliError(msg)
     if addresses is not None and len(addresses) > 1:
+        n = len(addresses) * workers
         msg = (
-            f"{src('addresses')} lists {len(addresses)} processes; the in-memory executor runs one process; "
-            f"run a cluster on Spark with `flowspark submit {args.import_str} --master spark://HOST:PORT`"
+            f"{src('addresses')} lists {len(addresses)} processes; the in-memory executor runs its workers "
+            f"in this one process and cannot join a cluster: drop -a/-i and use -w {n} for {n} workers here, "
+            f"or run a cluster on Spark with {submit}"
         )
         raise _CliError(msg)
     if args.process_id not in (None, 0):
         msg = f"{src('process_id')} is not an index of the single address {addresses[0]!r} (use 0)"
         raise _CliError(msg)
-    if workers > 1:
-        msg = (
-            f"{src('workers_per_process')}: the in-memory executor runs one worker; add "
-            f"`--runtime spark` to run on local Spark with {workers} cores (master local[{workers}]), or use "
-            f"`flowspark submit` for a cluster"
-        )
-        raise _CliError(msg)
+    return procs * workers
 
 
 def _run_spark(args: argparse.Namespace, prog: str = _PROG) -> int:
@@ -477,7 +493,7 @@ def main(argv: Optional[list[str]] = None, *, prog: str = _PROG, processes: bool
     Args:
         argv: Arguments (default: `sys.argv[1:]`).
         prog: The program name in usage and error lines.
-        processes: Accept `-p/--processes` (only 1), for `python -m flowspark.testing`.
+        processes: Accept `-p/--processes` (P x W workers in this process), for `python -m flowspark.testing`.
 
     Returns:
         The exit code: 0 on success, 1 for a bad command line or flow setup.
@@ -495,7 +511,7 @@ def main(argv: Optional[list[str]] = None, *, prog: str = _PROG, processes: bool
         return 1
 
     try:
-        _check_scaling(args, origin)
+        workers = _check_scaling(args, origin)
     except _CliError as e:
         return fail(e)
     if args.runtime == "spark":
@@ -511,13 +527,13 @@ def main(argv: Optional[list[str]] = None, *, prog: str = _PROG, processes: bool
     try:
         cli_main(
             flow,
-            workers_per_process=args.workers_per_process or 1,
+            workers_per_process=workers,
             process_id=args.process_id,
             addresses=args.addresses,
             epoch_interval=args.snapshot_interval,
             recovery_config=recovery,
         )
-    except (RecoveryError, SingleWorkerError) as e:
+    except (RecoveryError, SingleProcessError) as e:
         return fail(e)
     return 0
 

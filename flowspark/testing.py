@@ -309,26 +309,28 @@ def cluster_main(
     recovery_config: Optional[RecoveryConfig] = None,
     worker_count_per_proc: int = 1,
 ) -> None:
-    """Run a dataflow as one process of a cluster (Bytewax's `cluster_main`), here: the one worker.
+    """Run a dataflow as one process of a cluster (Bytewax's `cluster_main`): its workers, in this thread.
 
-    The in-memory executor runs one worker in one process, so this runs the
-    flow with `run_main` when the arguments describe exactly that cluster: no
-    address or a single one, `proc_id` 0 and `worker_count_per_proc` 1 (what
-    Bytewax's docs use for a local run: `cluster_main(flow, [], 0)`). Any
-    larger cluster raises `SingleWorkerError` instead of running a part of the
-    flow: run it on Spark (`flowspark run IMPORT_STR --runtime spark` on local
-    cores, `flowspark submit` on a cluster).
+    Runs `worker_count_per_proc` workers with the in-memory executor, each with the
+    source partitions and keys Bytewax gives it (see `flowspark.runtime.workers`), so
+    a flow's partition-sensitive behaviour can be tested as in Bytewax:
+    `cluster_main(flow, [], 0, worker_count_per_proc=2)`. The workers take turns in
+    this thread. `addresses` may name this one process (no address or a single one,
+    `proc_id` 0); a process of a larger cluster raises `SingleProcessError` instead of
+    running a part of the flow: run a cluster on Spark (`flowspark submit`).
 
     Args:
         flow: The `Dataflow`.
         addresses: Every process's `"host:port"` (at most one here).
         proc_id: This process's index in `addresses` (0 here).
         epoch_interval: Time between epochs (snapshots); default 10 s.
-        recovery_config: Snapshot state to this store and resume from it.
-        worker_count_per_proc: Workers per process (1 here).
+        recovery_config: Snapshot state to this store and resume from it. The store
+            does not depend on the worker count: a run may resume one written with
+            another number of workers (as Bytewax allows rescaling).
+        worker_count_per_proc: Workers in this process.
 
     Raises:
-        SingleWorkerError: The arguments describe more than one worker (a `ValueError`).
+        SingleProcessError: The arguments describe more than one process (a `ValueError`).
         ValueError: `proc_id` is not an index of `addresses`, or a count is out of range.
         FlowsparkTypeError: An argument of the wrong type.
         FlowsparkRuntimeError: A step failed (as for `run_main`).
@@ -337,19 +339,21 @@ def cluster_main(
         >>> import flowspark.operators as op
         >>> from flowspark.dataflow import Dataflow
         >>> flow = Dataflow("eg")
-        >>> out = []
-        >>> op.output("out", op.input("inp", flow, TestingSource(range(3))), TestingSink(out))
-        >>> cluster_main(flow, [], 0)
-        >>> out
-        [0, 1, 2]
+        >>> s = op.input("inp", flow, TestingSource([("a", 1), ("b", 1), ("a", 1)]))
+        >>> s = op.inspect_debug("where", op.stateful_map("sum", s, lambda n, v: ((n or 0) + v, (n or 0) + v)))
+        >>> cluster_main(flow, [], 0, worker_count_per_proc=2)
+        eg.where W1 @1: ('a', 1)
+        eg.where W0 @1: ('b', 1)
+        eg.where W1 @1: ('a', 2)
         >>> cluster_main(flow, ["localhost:2101", "localhost:2102"], 0)
         Traceback (most recent call last):
         ...
-        flowspark.errors.SingleWorkerError: cluster_main: the in-memory executor runs one worker; ...
+        flowspark.errors.SingleProcessError: cluster_main: the in-memory executor runs its workers ...
     """
-    from flowspark.run import one_worker
+    from flowspark.run import workers_of
+    from flowspark.runtime.workers import run_workers
 
-    one_worker(
+    n = workers_of(
         "cluster_main",
         workers=worker_count_per_proc,
         workers_name="worker_count_per_proc",
@@ -358,9 +362,9 @@ def cluster_main(
         addresses=list(addresses) if isinstance(addresses, (list, tuple)) else addresses,
     )
     logging.getLogger(__name__).info(
-        "running dataflow %r with the in-memory executor (1 worker)", getattr(flow, "flow_id", flow)
+        "running dataflow %r with the in-memory executor (%d worker%s)", getattr(flow, "flow_id", flow), n, "s"[: n - 1]
     )
-    run_main(flow, epoch_interval=epoch_interval, recovery_config=recovery_config)
+    run_workers("cluster_main", flow, n, epoch_interval=epoch_interval, recovery_config=recovery_config)
 
 
 def poll_next_batch(
@@ -420,10 +424,10 @@ def per_key(items: Iterable[tuple[str, Any]]) -> dict[str, list[Any]]:
 def _main(argv: Optional[list[str]] = None) -> int:
     """`python -m flowspark.testing IMPORT_STR`: Bytewax's `python -m bytewax.testing`.
 
-    The flags of `python -m flowspark.run` plus Bytewax's `-p/--processes`. The
-    in-memory executor runs one process with one worker, so `-p N` and `-w N` with
-    N > 1 are refused with one line on stderr (exit 1) instead of running a part
-    of the flow.
+    The flags of `python -m flowspark.run` plus Bytewax's `-p/--processes`. Bytewax
+    starts P processes of W workers (`-p P -w W`); the in-memory executor runs those
+    P x W workers in this one process, numbered as Bytewax numbers them (process `i`
+    has workers `i * W` to `i * W + W - 1`).
 
     Args:
         argv: Arguments (default: `sys.argv[1:]`).

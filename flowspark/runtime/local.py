@@ -58,18 +58,19 @@ from flowspark.inputs import (
 from flowspark.logic import StatefulBatchLogic
 from flowspark.outputs import DynamicSink, FixedPartitionedSink, route_to_parts
 from flowspark.recovery import DELETED, RecoveryConfig, RecoveryStore, epochs_per
+from flowspark.runtime.bounds import SINGLES as _SINGLES
+from flowspark.runtime.bounds import ends as _ends
+from flowspark.runtime.bounds import leading_to_stateful as _leading_to_stateful
+from flowspark.runtime.bounds import remap_bounds as _remap_bounds
+from flowspark.runtime.bounds import segments as _segments
 from flowspark.runtime.driver import NOT_FOUND, StepDriver, bad_item_error, failing_item
+from flowspark.runtime.routing import primaries
 
 __all__ = ["LogicalClock", "run_main"]
 
 _log = logging.getLogger("flowspark")
 _BATCH_TARGET = 1024
 _IDLE_SLEEP = 0.001
-
-#: Bounds of a stream's items in a pass: where each activation (source batch) ends.
-#: `None`: the pass is one activation; `_SINGLES`: each item is its own activation;
-#: otherwise a list of end offsets.
-_SINGLES: Any = ("singles",)
 
 
 class _Abort(Exception):  # noqa: N818
@@ -116,7 +117,8 @@ class _Rt:
 
 
 class _InputRt(_Rt):
-    def __init__(self, node: ir.Input, resume: dict[str, Any]) -> None:
+    def __init__(self, node: ir.Input, resume: dict[str, Any], worker: tuple[int, int] = (0, 1)) -> None:
+        """Build the partitions worker `worker[0]` of `worker[1]` reads (as Bytewax assigns them)."""
         self.step_id = node.step_id
         self.down = node.down
         src = node.source
@@ -126,10 +128,12 @@ class _InputRt(_Rt):
         self.stateful = isinstance(src, FixedPartitionedSource)
         try:
             if isinstance(src, FixedPartitionedSource):
-                for key in sorted(src.list_parts()):  # polled in sorted order, as in Bytewax
-                    self.parts.append((key, src.build_part(self.step_id, key, resume.get(key))))
+                owner = primaries(src.list_parts(), worker[1])
+                for key in sorted(owner):  # polled in sorted order, as in Bytewax
+                    if owner[key] == worker[0]:
+                        self.parts.append((key, src.build_part(self.step_id, key, resume.get(key))))
             elif isinstance(src, DynamicSource):
-                self.parts.append(("0", src.build(self.step_id, 0, 1)))
+                self.parts.append((str(worker[0]), src.build(self.step_id, *worker)))
             else:
                 msg = (
                     f"step {self.step_id!r}: source {type(src).__name__} must subclass "
@@ -225,7 +229,8 @@ class _InputRt(_Rt):
 class _OutputRt(_Rt):
     copy_input = False
 
-    def __init__(self, node: ir.Output, resume: dict[str, Any]) -> None:
+    def __init__(self, node: ir.Output, resume: dict[str, Any], worker: tuple[int, int] = (0, 1)) -> None:
+        """Build the sink partitions worker `worker[0]` of `worker[1]` writes (as Bytewax assigns them)."""
         self.step_id = node.step_id
         self.up = node.up
         sink = node.sink
@@ -238,9 +243,14 @@ class _OutputRt(_Rt):
                 if not self.part_keys:
                     msg = f"step {self.step_id!r}: sink {type(sink).__name__}.list_parts() returned no partitions"
                     raise FlowsparkCompileError(msg)
-                self.parts = [sink.build_part(self.step_id, k, resume.get(k)) for k in self.part_keys]
+                # Another worker's partitions stay `None`: their items are routed to that worker.
+                owner = primaries(self.part_keys, worker[1])
+                self.parts = [
+                    sink.build_part(self.step_id, k, resume.get(k)) if owner[k] == worker[0] else None
+                    for k in self.part_keys
+                ]
             elif isinstance(sink, DynamicSink):
-                self.part = sink.build(self.step_id, 0, 1)
+                self.part = sink.build(self.step_id, *worker)
             else:
                 msg = (
                     f"step {self.step_id!r}: sink {type(sink).__name__} must subclass "
@@ -269,17 +279,21 @@ class _OutputRt(_Rt):
     def _write_fixed(self, items: list[Any]) -> None:
         routed = route_to_parts(self.step_id, self.sink, items, len(self.parts))
         for idx in sorted(routed):
-            self.parts[idx].write_batch(routed[idx])
+            part = self.parts[idx]
+            assert part is not None, "items reach the worker of their partition (flowspark.runtime.workers)"
+            part.write_batch(routed[idx])
 
     def snapshots(self, out: list[tuple[str, str, Any]], final: bool) -> None:
         if self.fixed:
             for key, part in zip(self.part_keys, self.parts, strict=True):
-                out.append((self.step_id, key, part.snapshot()))
+                if part is not None:
+                    out.append((self.step_id, key, part.snapshot()))
 
     def close(self) -> None:
         if self.fixed:
             for part in self.parts:
-                part.close()
+                if part is not None:
+                    part.close()
         else:
             self.part.close()
 
@@ -699,6 +713,9 @@ class _StatefulRt(_Rt):
 
 
 class _Executor:
+    #: This executor's worker index and the number of workers (`flowspark.runtime.workers` runs several).
+    worker: tuple[int, int] = (0, 1)
+
     def __init__(
         self,
         graph: ir.Graph,
@@ -763,9 +780,9 @@ class _Executor:
         shared = any(len(consumers.get(up, [])) > 1 for up in node.ups)
         match node:
             case ir.Input():
-                return _InputRt(node, resume)
+                return _InputRt(node, resume, self.worker)
             case ir.Output():
-                out_rt = _OutputRt(node, resume)
+                out_rt = _OutputRt(node, resume, self.worker)
                 out_rt.copy_input = shared
                 return out_rt
             # A list read from a stream with several consumers is copied before user code
@@ -792,11 +809,12 @@ class _Executor:
     def _inspector(self, node: ir.InspectDebug) -> Callable[[list[Any]], list[Any]]:
         inspector = node.inspector
         step_id = node.step_id
+        worker = self.worker[0]
 
         def run(items: list[Any]) -> list[Any]:
             epoch = self.epoch
             for x in items:
-                inspector(step_id, x, epoch, 0)
+                inspector(step_id, x, epoch, worker)
             return items
 
         return run
@@ -900,6 +918,11 @@ class _Executor:
 
 _NONE: list[Any] = []
 
+# For `flowspark.runtime.workers`, which runs one executor per worker over these step runtimes.
+Executor = _Executor
+StepRuntime = _Rt
+OutputRuntime = _OutputRt
+
 
 def _first(pair: tuple[Any, Any]) -> Any:
     return pair[0]
@@ -907,38 +930,6 @@ def _first(pair: tuple[Any, Any]) -> Any:
 
 def _second(pair: tuple[Any, Any]) -> Any:
     return pair[1]
-
-
-def _ends(bounds: Any, n: int) -> list[int]:
-    """Bounds as a list of end offsets."""
-    if bounds is None:
-        return [n]
-    if bounds is _SINGLES:
-        return list(range(1, n + 1))
-    return list(bounds)
-
-
-def _segments(items: list[Any], bounds: Any) -> Iterable[list[Any]]:
-    """The items of each activation (see `_SINGLES`)."""
-    if bounds is None:
-        return (items,)
-    if bounds is _SINGLES:
-        return ([x] for x in items)
-    starts = [0, *bounds[:-1]]
-    return (items[a:b] for a, b in zip(starts, bounds, strict=True))
-
-
-def _remap_bounds(bounds: list[int], counts: list[int]) -> Any:
-    """Activation bounds of a step's outputs, given each input's number of outputs."""
-    cum = [0]
-    for c in counts:
-        cum.append(cum[-1] + c)
-    ends: list[int] = []
-    for e in bounds:
-        end = cum[e]
-        if end and (not ends or ends[-1] != end):
-            ends.append(end)
-    return None if len(ends) <= 1 else ends
 
 
 def _time_observable(graph: ir.Graph) -> bool:
@@ -956,23 +947,6 @@ def _time_observable(graph: ir.Graph) -> bool:
         (isinstance(n, ir.StatefulBatch) and n.notifies) or (isinstance(n, ir.FlatMapBatch) and n.clocked)
         for n in graph.nodes
     )
-
-
-def _leading_to_stateful(graph: ir.Graph) -> set[str]:
-    """Streams from which a stateful step can be reached."""
-    consumers = graph.consumers()
-    memo: dict[str, bool] = {}
-
-    def leads(stream: str) -> bool:
-        if stream not in memo:
-            memo[stream] = False
-            memo[stream] = any(
-                isinstance(node, ir.StatefulBatch) or any(leads(d) for d in node.downs)
-                for node in consumers.get(stream, [])
-            )
-        return memo[stream]
-
-    return {s for node in graph.nodes for s in node.downs if leads(s)}
 
 
 def _same_pickles(a: Any, b: Any) -> bool:
@@ -1057,10 +1031,28 @@ def run_main(
         >>> run_main(flow)
         eg.show: 'hi'
     """
+    options: dict[str, Any] = {"epoch_interval": epoch_interval, "recovery_config": recovery_config, "clock": clock}
+    options.update(start_time=start_time, roundtrip_state=roundtrip_state, state_ttl=state_ttl, dead_letter=dead_letter)
+    run_flow("run_main", flow, _Executor, **options)
+
+
+def run_flow(fn: str, flow: Any, make: Callable[..., _Executor], **options: Any) -> None:
+    """Check `run_main`'s arguments (`fn` names the caller), then run the flow on `make(graph, **options)`.
+
+    `make` is `_Executor` for one worker (`run_main`), `flowspark.runtime.workers` builds several.
+    `options` are `run_main`'s keyword arguments.
+    """
+    epoch_interval, recovery_config = options.pop("epoch_interval", None), options.pop("recovery_config", None)
+    clock, start_time = options.pop("clock", "system"), options.pop("start_time", None)
+    roundtrip_state, state_ttl = options.pop("roundtrip_state", False), options.pop("state_ttl", None)
+    dead_letter = options.pop("dead_letter", None)
+    if options:
+        msg = f"{fn}() got unexpected keyword arguments {sorted(options)}"
+        raise TypeError(msg)
     from flowspark.dataflow import Dataflow
 
     if not isinstance(flow, Dataflow):
-        msg = f"run_main needs a Dataflow; received {flow!r} of type {type(flow).__name__}"
+        msg = f"{fn} needs a Dataflow; received {flow!r} of type {type(flow).__name__}"
         raise FlowsparkTypeError(msg)
     try:
         graph = flow.validate()
@@ -1071,22 +1063,22 @@ def run_main(
     if epoch_interval is None:
         epoch_interval = timedelta(seconds=10)
     if not isinstance(epoch_interval, timedelta):
-        msg = f"run_main: epoch_interval must be a timedelta (e.g. timedelta(seconds=10)); received {epoch_interval!r}"
+        msg = f"{fn}: epoch_interval must be a timedelta (e.g. timedelta(seconds=10)); received {epoch_interval!r}"
         raise FlowsparkTypeError(msg)
     if epoch_interval < timedelta(0):
-        msg = f"run_main: epoch_interval must not be negative; received {epoch_interval!r}"
+        msg = f"{fn}: epoch_interval must not be negative; received {epoch_interval!r}"
         raise ValueError(msg)
     if recovery_config is not None and not isinstance(recovery_config, RecoveryConfig):
         msg = (
-            f"run_main: recovery_config must be a flowspark.recovery.RecoveryConfig; received "
+            f"{fn}: recovery_config must be a flowspark.recovery.RecoveryConfig; received "
             f"{recovery_config!r} of type {type(recovery_config).__name__}"
         )
         raise FlowsparkTypeError(msg)
     if clock not in ("system", "logical", "fixed"):
-        msg = f"run_main: clock must be 'system', 'logical' or 'fixed'; received {clock!r}"
+        msg = f"{fn}: clock must be 'system', 'logical' or 'fixed'; received {clock!r}"
         raise ValueError(msg)
-    state_ttl = ttl_arg("run_main", state_ttl)
-    dead_sink = dead_letter_arg("run_main", dead_letter)
+    state_ttl = ttl_arg(fn, state_ttl)
+    dead_sink = dead_letter_arg(fn, dead_letter)
     dead = None if dead_sink is None else DeadLetters(dead_sink, dead_letter_step(flow.flow_id))
     store = None
     if recovery_config is not None:
@@ -1097,7 +1089,7 @@ def run_main(
     elif clock == "fixed":
         logical = LogicalClock(start_time or datetime.now(timezone.utc))
     try:
-        ex = _Executor(
+        ex = make(
             graph,
             epoch_interval=epoch_interval,
             store=store,

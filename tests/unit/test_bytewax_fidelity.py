@@ -46,6 +46,7 @@ from flowspark.errors import (
     IncompleteDataflowError,
     MissingPartitionsError,
     NoPartitionsError,
+    SingleProcessError,
     SingleWorkerError,
     routing_error,
     step_error,
@@ -381,26 +382,33 @@ def test_cluster_main_one_worker_runs_like_bytewax() -> None:
 
 
 @differential
-def test_cluster_main_more_workers_is_a_clear_error_where_bytewax_runs_threads() -> None:
-    bw_out: list[Any] = []
-    bytewax_testing = _api("bytewax").testing
-    bytewax_testing.cluster_main(_counting_flow(_api("bytewax"), bw_out), [], 0, worker_count_per_proc=2)
-    assert sorted(bw_out) == [("a", 3), ("b", 1), ("c", 1)]
-    fs_out: list[Any] = []
-    with pytest.raises(SingleWorkerError) as info:
-        flowspark.testing.cluster_main(_counting_flow(_api("flowspark"), fs_out), [], 0, worker_count_per_proc=2)
+@pytest.mark.parametrize("workers", [2, 3])
+def test_cluster_main_runs_worker_threads_like_bytewax(workers: int) -> None:
+    outs = []
+    for api in (_api("bytewax"), _api("flowspark")):
+        out: list[Any] = []
+        api.testing.cluster_main(_counting_flow(api, out), [], 0, worker_count_per_proc=workers)
+        outs.append(sorted(out))
+    assert outs[1] == outs[0] == [("a", 3), ("b", 1), ("c", 1)]
+
+
+def test_cluster_main_refuses_a_cluster_of_processes_on_one_line() -> None:
+    out: list[Any] = []
+    with pytest.raises(SingleProcessError) as info:
+        flowspark.testing.cluster_main(_counting_flow(_api("flowspark"), out), ["h:1", "h:2"], 1)
     msg = str(info.value)
     assert isinstance(info.value, ValueError)
+    assert SingleWorkerError is SingleProcessError  # the old name still catches it
     assert "\n" not in msg
-    for needle in ("cluster_main", "runs one worker", "1 process(es) x 2 worker(s)", "--runtime spark", "submit"):
+    for needle in ("cluster_main", "received 2 addresses", "worker_count_per_proc=2 and no addresses", "submit"):
         assert needle in msg
-    assert fs_out == []
+    assert out == []
 
 
 @pytest.mark.parametrize(
     ("addresses", "proc_id", "kwargs", "err", "needle"),
     [
-        (["h:1", "h:2"], 0, {}, SingleWorkerError, "2 process(es) x 1 worker(s)"),
+        (["h:1", "h:2"], 0, {}, SingleProcessError, "runs its workers in this one process"),
         (["h:1"], 1, {}, ValueError, "process id 1 is not an index of the 1 address(es)"),
         ([], 0, {"worker_count_per_proc": 0}, ValueError, "worker_count_per_proc must be >= 1; received 0"),
         ([], "0", {}, TypeError, "proc_id must be an int; received '0'"),
@@ -433,8 +441,14 @@ def test_cli_main_like_bytewax() -> None:
         "epoch_interval",
         "recovery_config",
     ]
-    with pytest.raises(SingleWorkerError, match=r"cli_main: .*runs one worker.*--runtime spark"):
-        flowspark.run.cli_main(_counting_flow(_api("flowspark"), []), workers_per_process=3)
+    outs = []
+    for api in (_api("bytewax"), _api("flowspark")):
+        out = []
+        api.run.cli_main(_counting_flow(api, out), workers_per_process=3, epoch_interval=timedelta(seconds=1))
+        outs.append(sorted(out))
+    assert outs[1] == outs[0]
+    with pytest.raises(SingleProcessError, match=r"cli_main: .*cannot join a cluster.*workers_per_process=6"):
+        flowspark.run.cli_main(_counting_flow(_api("flowspark"), []), workers_per_process=3, addresses=["h:1", "h:2"])
     with pytest.raises(ValueError, match="process_id=0 needs addresses"):
         flowspark.run.cli_main(_counting_flow(_api("flowspark"), []), process_id=0)
 
@@ -822,26 +836,12 @@ def test_run_one_worker_flags_and_env_like_bytewax(projects: dict[str, Path], ar
 
 
 @differential
-@pytest.mark.parametrize(
-    ("args", "env", "needles"),
-    [
-        (["-w", "2"], {}, ["-w/--workers-per-process 2:", "runs one worker", "--runtime spark", "local[2]"]),
-        (
-            [],
-            {"BYTEWAX_WORKERS_PER_PROCESS": "4"},
-            ["-w/--workers-per-process 4 (from BYTEWAX_WORKERS_PER_PROCESS)", "local[4]"],
-        ),
-    ],
-)
-def test_run_more_workers_than_in_memory_is_one_line(
-    projects: dict[str, Path], args: list[str], env: Any, needles: list[str]
-) -> None:
-    bw = _run_cli(projects, "bytewax", "flows.py", *args, env=env)
-    assert bw.returncode == 0, bw.stderr
-    assert _out(projects["bytewax"]) == WANT_COUNTS  # bytewax runs worker threads
-    res = _run_cli(projects, "flowspark", "flows.py", *args, env=env)
-    _assert_one_line_error(res, *needles)
-    assert not (projects["flowspark"] / "out.txt").exists()
+@pytest.mark.parametrize(("args", "env"), [(["-w", "2"], {}), ([], {"BYTEWAX_WORKERS_PER_PROCESS": "4"})])
+def test_run_more_workers_like_bytewax(projects: dict[str, Path], args: list[str], env: Any) -> None:
+    for lib in APIS:
+        res = _run_cli(projects, lib, "flows.py", *args, env=env)
+        assert res.returncode == 0, (lib, res.stderr)
+        assert _out(projects[lib]) == WANT_COUNTS, lib
 
 
 @differential
@@ -858,7 +858,7 @@ def test_run_process_id_without_addresses_fails_on_both(projects: dict[str, Path
 @pytest.mark.parametrize(
     ("args", "env", "needles"),
     [
-        (["-a", "h:1;h:2", "-i", "0"], {}, ["-a/--addresses h:1;h:2 lists 2 processes", "flowspark submit"]),
+        (["-a", "h:1;h:2", "-i", "0"], {}, ["-a/--addresses h:1;h:2 lists 2 processes", "-w 2", "flowspark submit"]),
         ([], {"BYTEWAX_ADDRESSES": "h:1;h:2", "BYTEWAX_PROCESS_ID": "1"}, ["(from BYTEWAX_ADDRESSES) lists 2"]),
         (["-a", "h:1", "-i", "1"], {}, ["-i/--process-id 1 is not an index of the single address 'h:1'"]),
         (

@@ -447,15 +447,30 @@ def test_testing_module_runs_a_flow_like_bytewax(tmp_path: Path) -> None:
     assert fs.stderr == ""
 
 
-@pytest.mark.parametrize(("flag", "needle"), [("-w", "runs one worker"), ("-p", "runs one process")])
-def test_testing_module_refuses_more_workers_on_one_line(tmp_path: Path, flag: str, needle: str) -> None:
-    if HAVE_BYTEWAX and flag == "-w":
-        # Bytewax runs 2 worker threads (and with -p, processes on the fixed ports 2101...: not run
-        # here, the machine is shared); flowspark's in-memory executor cannot yet.
-        bw = _testing_cli("bytewax", tmp_path, flag, "2")
+@pytest.mark.parametrize("args", [["-w", "2"], ["-p", "2"], ["-p", "2", "-w", "2"]])
+def test_testing_module_runs_workers_like_bytewax(tmp_path: Path, args: list[str]) -> None:
+    if HAVE_BYTEWAX and "-p" not in args:
+        # Bytewax runs 2 worker threads (with -p, processes on the fixed ports 2101...: not run
+        # here, the machine is shared); flowspark runs P x W workers in this one process.
+        bw = _testing_cli("bytewax", tmp_path, *args)
         assert bw.returncode == 0
         assert sorted(bw.stdout.splitlines()) == ["t.show: 1", "t.show: 2", "t.show: 3"]
-    fs = _testing_cli("flowspark", tmp_path, flag, "2")
+    fs = _testing_cli("flowspark", tmp_path, *args)
+    assert (fs.returncode, fs.stderr) == (0, "")
+    assert sorted(fs.stdout.splitlines()) == ["t.show: 1", "t.show: 2", "t.show: 3"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["-p", "2", "-a", "h:1"], "-p/--processes 2 with -a/--addresses h:1: -p runs 2 x 1 workers"),
+        (["-a", "h:1;h:2", "-i", "0"], "lists 2 processes"),
+    ],
+)
+def test_testing_module_refuses_a_cluster_of_processes_on_one_line(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    fs = _testing_cli("flowspark", tmp_path, *args)
     assert fs.returncode == 1
     assert fs.stdout == ""
     (line,) = fs.stderr.strip().splitlines()
