@@ -201,6 +201,7 @@ def count_sum_section(spark: Any, path: str, tmp: str, n: int, results: dict[str
 
     from flowspark.spark import SparkSource, compile_flow, run
     from flowspark.spark.describe import describe_stage
+    from flowspark.spark.tools import physical_plans
 
     print("\n-- count + sum per user (count_final, reduce_final(operator.add)) -> two parquet SparkSinks --")
     out = os.path.join(tmp, "count-sum")
@@ -219,7 +220,8 @@ def count_sum_section(spark: Any, path: str, tmp: str, n: int, results: dict[str
         agg.select("user", "total").write.mode("overwrite").parquet(f"{out}-native-t")
         agg.unpersist()
 
-    print(compile_flow(build_count_sum(SparkSource("parquet", path), out, out)).render(describe_stage))
+    plan = compile_flow(build_count_sum(SparkSource("parquet", path), out, out))
+    print(physical_plans(plan, spark)[0].render(describe_stage))
     jobs = [
         ("flowspark count + sum, rules on", flowspark_job("all")),
         ("flowspark count + sum, fold_final + reducers", flowspark_job("helpers", helpers=True)),

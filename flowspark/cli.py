@@ -150,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--explain", action="store_true", help="print the Spark plan, with every rule's decision, before running"
     )
     run.add_argument("--rules", metavar="RULES", help=RULES_HELP)
+    run.add_argument(
+        "--float-reductions",
+        action="store_true",
+        help="batch flows: let sums, maxima and minima of float columns run as Spark aggregates "
+        "(a float sum may then differ from Python's in the last digits; see docs/spark.md)",
+    )
 
     plan = sub.add_parser("plan", help="print a dataflow's graph or its Spark plan", description="Print a plan.")
     plan.add_argument("import_str", metavar="IMPORT_STR", help=IMPORT_HELP)
@@ -429,6 +435,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
     streaming_flags: tuple[Any, ...] = (args.checkpoint, args.trigger, args.timeout, args.buckets, args.state_layout)
     streaming_flags += (args.clear_outputs or None,)
     if any(f is not None for f in streaming_flags) or unbounded:
+        if args.float_reductions:
+            msg = (
+                "--float-reductions applies to batch runs (every source bounded); this run is a streaming "
+                "query, whose reductions emit nothing until end of input: drop --float-reductions"
+            )
+            raise CliError(msg)
         return _run_streaming(flow, args, conf, unbounded)
     from flowspark.spark import compile_flow, run
     from flowspark.spark.session import open_session
@@ -441,6 +453,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "dead_letter": _dead_letter(args),
         "explain": args.explain,
         "rules": args.rules,
+        "float_reductions": args.float_reductions,
     }
     if args.no_progress:
         run(flow, spark=spark, **options)

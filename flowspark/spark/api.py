@@ -46,6 +46,7 @@ def run(
         FlowsparkTypeError: `checkpoint`/`trigger` given for a bounded flow, or a bad argument.
     """
     plan = compile_flow(as_graph(flow))
+    _check_options(plan.bounded, options)
     if not plan.bounded:
         return run_streaming(plan, spark=spark, checkpoint=checkpoint, trigger=trigger, **options)
     if trigger is not None:
@@ -88,3 +89,25 @@ def check_streaming(
         n = DEFAULT_BUCKETS if buckets is None else buckets
         check_recorded(checkpoint, plan.flow_id, n, steps, needs_timers(plan), state_layout, LAYOUTS)
     return plan
+
+
+def _check_options(bounded: bool, options: dict[str, Any]) -> None:
+    """Refuse an option the chosen runtime does not take, naming the option and the runtime."""
+    import inspect
+
+    fn = run_plan if bounded else run_streaming
+    known = set(inspect.signature(fn).parameters) - {"plan", "flow", "spark"}
+    other = run_streaming if bounded else run_plan
+    for name in options:
+        if name in known:
+            continue
+        kind, runs = ("bounded", "a batch job") if bounded else ("unbounded", "a streaming query")
+        if name in inspect.signature(other).parameters:
+            why = f"it applies only to {'streaming queries' if bounded else 'batch jobs'}"
+        else:
+            why = "flowspark.spark.run has no such option"
+        msg = (
+            f"flowspark.spark.run: option {name}={options[name]!r} does not apply here: this flow's sources "
+            f"are {kind}, so it runs as {runs}, and {why}; the options it takes: {', '.join(sorted(known))}"
+        )
+        raise FlowsparkTypeError(msg)

@@ -153,6 +153,12 @@ def test_timers_on_a_timerless_checkpoint_are_refused_before_spark(cwd, capsys):
     assert "written by a query without timers" in line
 
 
+def test_float_reductions_on_a_streaming_run_is_refused_before_spark(cwd, capsys):
+    line = _refused(capsys, ["run", "flows.py:counts()", "--checkpoint", str(cwd / "ck"), "--float-reductions"])
+    assert "--float-reductions applies to batch runs" in line
+    assert "drop --float-reductions" in line
+
+
 def test_a_bounded_flow_with_streaming_flags_is_refused_before_spark(cwd, capsys):
     line = _refused(capsys, ["run", "flows.py:bounded", "--checkpoint", str(cwd / "ck"), "--buckets", "4"])
     assert "every source of this flow is bounded" in line
