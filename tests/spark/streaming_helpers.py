@@ -151,6 +151,22 @@ class ListSource(FixedPartitionedSource):
         return _ListPart(self.items[for_part], resume_state or 0, self.batch)
 
 
+class EndingListSource(ListSource):
+    """`ListSource` whose partitions end once read: the in-memory reference of a Python stream."""
+
+    def build_part(self, step_id: str, for_part: str, resume_state: Any) -> Any:
+        part = super().build_part(step_id, for_part, resume_state)
+        read = part.next_batch
+
+        def next_batch() -> list[Any]:
+            if part.pos >= len(part.items):
+                raise StopIteration
+            return read()
+
+        part.next_batch = next_batch
+        return part
+
+
 class _ListPart(StatefulSourcePartition):
     def __init__(self, items: list[Any], pos: int, batch: int) -> None:
         self.items, self.pos, self.batch = items, pos, batch

@@ -133,17 +133,27 @@ def test_two_timers_then_a_branch_and_merge_keep_the_in_memory_order(spark):
     assert per_key(out_s) == per_key(out_l) == {"a": [2001, 2001, 102]}
 
 
-@pytest.mark.parametrize("batch_size", [1, 3])
-def test_a_notification_always_past_fires_as_in_memory_on_the_fixed_clock(spark, batch_size):
-    """Spark batch's timeline is the fixed clock's: nothing fires before a new logic's first value."""
+def _past_outputs(logic: Any, batch_size: int, runners: list[Any]) -> list[list[Any]]:
+    """Each runner's output of three values of key 'a' through `op.stateful` with `logic`."""
     outs = []
-    for go in (lambda f: run_main(f, clock="fixed", start_time=T0), lambda f: run(f, spark=spark, start_time=T0)):
+    for go in runners:
         out: list = []
         flow = Dataflow("past")
         s = op.input("inp", flow, TestingSource([("a", i) for i in range(3)], batch_size=batch_size))
-        op.output("out", op.stateful("st", s, lambda _r: AlwaysPast()), TestingSink(out))
+        op.output("out", op.stateful("st", s, lambda _r: logic()), TestingSink(out))
         go(flow)
         outs.append(out)
+    return outs
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_a_notification_always_past_fires_as_in_memory_on_the_fixed_clock(spark, batch_size):
+    """Spark batch's timeline is the fixed clock's: nothing fires before a new logic's first value."""
+    outs = _past_outputs(
+        AlwaysPast,
+        batch_size,
+        [lambda f: run_main(f, clock="fixed", start_time=T0), lambda f: run(f, spark=spark, start_time=T0)],
+    )
     assert outs[0] == outs[1]
     assert outs[0][0] == ("a", ("item", 0))
 
@@ -157,19 +167,12 @@ def test_a_notification_always_past_fires_as_in_memory_on_the_fixed_clock(spark,
 )
 def test_a_notification_made_due_by_an_item_fires_alike_on_every_runtime(spark, batch_size, want):
     """Due notifications fire between source batches in memory (both clocks) and on Spark batch alike."""
-    outs = []
-    for go in (
-        run_main,
-        lambda f: run_main(f, clock="fixed", start_time=T0),
-        lambda f: run(f, spark=spark, start_time=T0),
-    ):
-        out: list = []
-        flow = Dataflow("past")
-        s = op.input("inp", flow, TestingSource([("a", i) for i in range(3)], batch_size=batch_size))
-        op.output("out", op.stateful("st", s, lambda _r: PastOnItem()), TestingSink(out))
-        go(flow)
-        outs.append([w[0] for _k, w in out])
-    assert outs == [want, want, want]
+    outs = _past_outputs(
+        PastOnItem,
+        batch_size,
+        [run_main, lambda f: run_main(f, clock="fixed", start_time=T0), lambda f: run(f, spark=spark, start_time=T0)],
+    )
+    assert [[w[0] for _k, w in out] for out in outs] == [want, want, want]
 
 
 #: Steps whose output never depends on end of input or on when timers fire within a batch.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import operator
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -137,28 +137,22 @@ def test_sums_beyond_64_bits_stay_python_ints(spark, tmp_path):
     assert native == _in_memory(_flow, rows)
 
 
-def _float_sum(src: Any, outs: dict[str, list[Any]]) -> Dataflow:
-    flow = Dataflow("floats")
-    keyed = op.key_on("key", op.input("inp", flow, src), _user)
-    total = op.reduce_final("total", op.map_value("price", keyed, _price), operator.add)
-    op.output("out", total, TestingSink(outs.setdefault("total", [])))
-    return flow
+def _sum_flow(flow_id: str, step: str, value: Callable[[Any], Any]) -> Callable[[Any, dict[str, list[Any]]], Dataflow]:
+    """A flow builder: `reduce_final(operator.add)` per user of `value(row)` (a `map_value` named `step`)."""
+
+    def build(src: Any, outs: dict[str, list[Any]]) -> Dataflow:
+        flow = Dataflow(flow_id)
+        keyed = op.key_on("key", op.input("inp", flow, src), _user)
+        total = op.reduce_final("total", op.map_value(step, keyed, value), operator.add)
+        op.output("out", total, TestingSink(outs.setdefault("total", [])))
+        return flow
+
+    return build
 
 
-def _amount_sum(src: Any, outs: dict[str, list[Any]]) -> Dataflow:
-    flow = Dataflow("amounts")
-    keyed = op.key_on("key", op.input("inp", flow, src), _user)
-    total = op.reduce_final("total", op.map_value("amount", keyed, _amount), operator.add)
-    op.output("out", total, TestingSink(outs.setdefault("total", [])))
-    return flow
-
-
-def _computed(src: Any, outs: dict[str, list[Any]]) -> Dataflow:
-    flow = Dataflow("computed")
-    keyed = op.key_on("key", op.input("inp", flow, src), _user)
-    total = op.reduce_final("total", op.map_value("double", keyed, lambda r: 2 * r["amount"]), operator.add)
-    op.output("out", total, TestingSink(outs.setdefault("total", [])))
-    return flow
+_float_sum = _sum_flow("floats", "price", _price)
+_amount_sum = _sum_flow("amounts", "amount", _amount)
+_computed = _sum_flow("computed", "double", lambda r: 2 * r["amount"])
 
 
 ROWS = [{"user": f"u{i % 3}", "amount": i - 4, "name": f"n{i}", "price": 0.25 * i} for i in range(10)]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import pytest
-from streaming_helpers import ListSource
+from streaming_helpers import EndingListSource, ListSource
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
@@ -172,25 +172,6 @@ CASES = [
 ]
 
 
-class _EndingListSource(ListSource):
-    """`ListSource` whose partitions end once read: the in-memory reference of a Python stream."""
-
-    def is_bounded(self) -> bool:
-        return True
-
-    def build_part(self, step_id, for_part, resume_state):
-        part = super().build_part(step_id, for_part, resume_state)
-        read = part.next_batch
-
-        def next_batch():
-            if part.pos >= len(part.items):
-                raise StopIteration
-            return read()
-
-        part.next_batch = next_batch
-        return part
-
-
 def _decisions(text: str) -> dict[tuple[str, str], str]:
     """The decision lines of a rendered physical plan (`explain=True`): `(rule, where) -> line`."""
     out = {}
@@ -250,7 +231,11 @@ class Runs:
     def _run(self, flow: Flow, rules: Optional[str]) -> Outcome:
         if rules is None:
             out: list[Any] = []
-            src = _EndingListSource(PARTS, batch=2) if flow.source == "python stream" else TestingSource(EVENTS)
+            src = (
+                EndingListSource(PARTS, batch=2, bounded=True)
+                if flow.source == "python stream"
+                else TestingSource(EVENTS)
+            )
             run_main(flow.build(src, out))
             return Outcome(_per_key(out) if flow.spark_sink else per_key(out), {})
         tag = f"{flow.name}_{rules.replace(',', '_')}"
@@ -336,7 +321,7 @@ def test_flowspark_rules_none_in_the_environment_switches_every_rule_off(spark, 
         assert not d.applied
         assert d.reason in ("switched off: rules='none'", "only for batch jobs"), str(d)
     ref: list[Any] = []
-    run_main(_rows(_EndingListSource(PARTS, batch=2), ref))
+    run_main(_rows(EndingListSource(PARTS, batch=2, bounded=True), ref))
     assert _per_key([r.asDict() for r in spark.read.parquet(out).collect()], sort=True) == _per_key(ref)
 
     text = io.StringIO()

@@ -4,7 +4,7 @@ micro-batch's items in sequence order (a `long`) instead of stamping 20-byte seq
 from __future__ import annotations
 
 import pytest
-from streaming_helpers import ListSource
+from streaming_helpers import EndingListSource, ListSource
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
@@ -20,22 +20,6 @@ ITEMS = {
 }
 
 
-class _EndingSource(ListSource):
-    """`ListSource` whose partitions end once read (the in-memory reference run must end)."""
-
-    def build_part(self, step_id, for_part, resume_state):
-        part = super().build_part(step_id, for_part, resume_state)
-        read = part.next_batch
-
-        def next_batch():
-            if part.pos >= len(part.items):
-                raise StopIteration
-            return read()
-
-        part.next_batch = next_batch
-        return part
-
-
 def _seen(state, value):
     seen = (state or "") + value["at"] + " "
     return seen, seen
@@ -47,7 +31,7 @@ def _row(kv):
 
 def _flow(sink, steps=(), bounded=False) -> Dataflow:
     flow = Dataflow("ordered")
-    s = op.input("inp", flow, _EndingSource(ITEMS, batch=2, bounded=True) if bounded else ListSource(ITEMS, batch=2))
+    s = op.input("inp", flow, EndingListSource(ITEMS, batch=2, bounded=True) if bounded else ListSource(ITEMS, batch=2))
     for step in steps:
         s = step(s)
     seen = op.stateful_map("seen", op.key_on("key", s, lambda e: e["user"]), _seen)
