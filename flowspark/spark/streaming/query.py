@@ -104,6 +104,7 @@ class StreamingRun:
         self._sink_fused_stage: Optional[int] = None
         self._schemas: dict[str, Any] = {}  # StructTypes of native sinks given no schema (pinned)
         self._counts: Any = None  # accumulator of the state counts (state.LatestCounts)
+        self._time_columns: dict[int, tuple[str, ...]] = {}  # Spark-keyed stage -> its TIMESTAMP columns
         #: The rules switched on and how they were asked for (`flowspark.spark.switches.rules_arg`).
         self.rules: tuple[frozenset[str], str] = options["rules"]
         #: The SparkSource stages' streaming DataFrames, read once (`source_df`).
@@ -196,6 +197,9 @@ class StreamingRun:
     def _keyed(self, df: Any, spec: StageSpec, route: Optional[Route] = None, column_key: bool = False) -> Any:
         """Lower a keyed stage over `df` (with a `bucket` column) to the stateful operator."""
         driver = self._driver(spec, route, column_key)
+        if column_key:
+            driver.time_columns = self._time_columns.get(spec.stage_id, ())
+            driver.time_zone = self.spark.conf.get("spark.sql.session.timeZone")
         out_schema = ROW_SCHEMA if driver.sink_rows is None else self._sink_struct
         if self.layout == "key":
             # Always processing time: Spark's TTL of the per-key rows (state_ttl) needs it, and
@@ -385,6 +389,7 @@ class StreamingRun:
         from pyspark.sql.types import LongType, StructField, StructType
 
         key = F.col("`" + ck.column.replace("`", "``") + "`")
+        df = self._times_as_micros(spec, df)
         if file_order:
             assert not self.timers, "a file-ordered stage has no ticks"
             df = df.select(
@@ -402,6 +407,29 @@ class StreamingRun:
             tick_bucket = F.pmod(F.hash(F.lit(None).cast("string")), F.lit(self.buckets)).alias("bucket")
             df = df.unionByName(self._ticks(["k", "seq", "v"]).select(tick_bucket), allowMissingColumns=True)
         return df
+
+    def _times_as_micros(self, spec: StageSpec, df: Any) -> Any:
+        """`df` with its TIMESTAMP columns as microseconds since the epoch (LONG), for the keyed stage.
+
+        The stateful operator hands its rows to Python as pandas frames, whose timestamps are
+        naive wall-clock times in the session's time zone (ambiguous in the hour a zone sets its
+        clocks back); the numbers are exact, and the bucket call turns them back into aware
+        datetimes in the session's time zone (`BucketDriver.time_columns`), what a `SparkSource`'s
+        timestamp column gives everywhere else.
+        """
+        from pyspark.sql import functions as F  # noqa: N812
+        from pyspark.sql.types import TimestampType
+
+        names = [f.name for f in df.schema.fields if isinstance(f.dataType, TimestampType)]
+        self._time_columns[spec.stage_id] = tuple(names)
+        if not names:
+            return df
+
+        def col(name: str) -> Any:
+            c = F.col("`" + name.replace("`", "``") + "`")
+            return F.unix_micros(c).alias(name) if name in names else c
+
+        return df.select(*[col(n) for n in df.columns])
 
     def build(self) -> Any:
         """Build every stage's streaming DataFrame, as the physical plan says; return the last one."""

@@ -213,6 +213,10 @@ class BucketDriver:
         #: This query run's token (a driver is built per run and shipped to the workers), stored
         #: in every entry written: entries without it were written by an earlier run.
         self.run = os.urandom(8)
+        #: With `column_key`: the source's TIMESTAMP columns, which arrive as microseconds since the
+        #: epoch (`query._times_as_micros`), and the session's time zone to make them aware datetimes in.
+        self.time_columns: tuple[str, ...] = ()
+        self.time_zone = "UTC"
         for d in self.drivers:
             d.store = "checkpoint directory"
 
@@ -522,6 +526,8 @@ class BucketDriver:
         pdf = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
         # One thread: Arrow's pool would start threads in every call (a tenth of the call, measured).
         table = pa.Table.from_pandas(pdf, preserve_index=False, nthreads=1)
+        if self.time_columns or any(pa.types.is_timestamp(f.type) for f in table.schema):
+            table = self._timestamps(table)
         # The number is the first column (transformWithStateInPandas hands it over as `_0`).
         # Renamed in Arrow: pandas' rename and drop copy the frame (8% of the stage, measured).
         if self.file_order:
@@ -544,6 +550,22 @@ class BucketDriver:
         ordered = self.sink_rows is None or dead is not None
         batches = iter(table.combine_chunks().to_batches())
         return list(column_key_runs(self.spec, batches, dead, sequences=ordered, values_only=values_only))
+
+    def _timestamps(self, table: Any) -> Any:
+        """`table` with aware datetimes for the TIMESTAMP columns (see `time_columns`), plain ones for the others.
+
+        pandas hands TIMESTAMP_NTZ columns over as nanosecond timestamps (`pandas.Timestamp`
+        items): they become microseconds (Spark's precision), so the items are `datetime`s.
+        """
+        import pyarrow as pa
+
+        for i, field in enumerate(table.schema):
+            if field.name in self.time_columns:
+                typ = pa.timestamp("us", tz=self.time_zone)
+                table = table.set_column(i, field.name, table.column(i).cast(pa.int64()).cast(typ))
+            elif pa.types.is_timestamp(field.type):
+                table = table.set_column(i, field.name, table.column(i).cast(pa.timestamp("us", tz=field.type.tz)))
+        return table
 
     def _sink_frame(self, emits: list[tuple[bytes, Any]]) -> Any:
         """The stage's items as rows of the lone file sink's schema (see `sink_rows`)."""
