@@ -120,7 +120,12 @@ def _runs(columns: Iterator[tuple[Any, Optional[list[bytes]], list[Any]]]) -> It
 
 
 def column_key_runs(
-    spec: StageSpec, batches: Iterator[Any], dead: Dead = None, sequences: bool = True, values_only: bool = False
+    spec: StageSpec,
+    batches: Iterator[Any],
+    dead: Dead = None,
+    sequences: bool = True,
+    values_only: bool = False,
+    columns_as: Optional[dict[str, Callable[[Any], list[Any]]]] = None,
 ) -> Iterator[tuple[str, list[Any]]]:
     """Group rows Spark keyed and sorted (`ColumnKey`) into `(key, [(seq, value)])` runs.
 
@@ -131,7 +136,8 @@ def column_key_runs(
     batches. With `dead` (a list), items those steps refuse go there (see `flowspark.spark.ops.apply_ops`).
     With `sequences=False` (the caller reads no sequences: a stage writing a sink's rows,
     without a dead letter) every sequence is empty bytes; with `values_only` (which implies
-    it) a run holds the key's values alone.
+    it) a run holds the key's values alone. `columns_as` gives the Python values of some columns
+    (name -> function of the Arrow column) instead of Arrow's `to_pylist`.
     """
     import pyarrow as pa
 
@@ -151,9 +157,17 @@ def column_key_runs(
 
     def rows_of(b: Any) -> list[Any]:
         try:
-            return pa.RecordBatch.from_arrays(b.columns[1:], names=b.schema.names[1:]).to_pylist()
+            if not columns_as:
+                return pa.RecordBatch.from_arrays(b.columns[1:], names=b.schema.names[1:]).to_pylist()
+            names = b.schema.names[1:]
+            cols = [values_of(b, n) for n in names]
+            return [dict(zip(names, vs, strict=True)) for vs in zip(*cols, strict=True)]
         except Exception as e:
             raise _fail(ck.source_step, e) from e
+
+    def values_of(b: Any, name: str) -> list[Any]:
+        col = b.column(name)
+        return columns_as[name](col) if columns_as and name in columns_as else col.to_pylist()
 
     def columns() -> Iterator[tuple[Any, Optional[list[bytes]], list[Any]]]:
         for b in batches:
@@ -164,7 +178,7 @@ def column_key_runs(
             rows: Optional[list[Any]] = None
             if keys is not None and value_fns is not None:
                 if value_column is not None:
-                    vs = _mapped_values(value_fns[1:], b.column(value_column).to_pylist())
+                    vs = _mapped_values(value_fns[1:], values_of(b, value_column))
                 else:
                     rows = rows_of(b)
                     vs = _mapped_values(value_fns, rows)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 import flowspark.operators as op
+import flowspark.operators.windowing as win
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError
 from flowspark.spark.inputs import SparkSource
@@ -143,3 +144,111 @@ def test_a_parquet_stream_into_a_one_step_sink_is_ordered_by_file_and_row(spark,
             runs = [seen[i : i + len(b)] for i in range(len(seen)) for b in blocks if b and seen[i] == b[0]]
             assert sorted(map(tuple, runs)) == sorted(tuple(b) for b in blocks if b)
     assert set(final) == {r["user"] for r in ROWS}
+
+
+# Two instants one hour apart that New York's clocks both show as 01:30 (2026-11-01, clocks go back).
+_NY_AMBIGUOUS = [datetime(2026, 11, 1, 5, 30, tzinfo=timezone.utc), datetime(2026, 11, 1, 6, 30, tzinfo=timezone.utc)]
+_TIMED = [
+    {"user": f"u{i % 3}", "ts": t, "ntz": datetime(2026, 1, 1, 12, i)}
+    for i, t in enumerate(
+        [*_NY_AMBIGUOUS, *(datetime(2026, 1, 1, 0, i, 20 * i % 60, tzinfo=timezone.utc) for i in range(7))]
+    )
+]
+
+
+def _write_timed(path: str, rows: list, files: int) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(path, exist_ok=True)
+    step = -(-len(rows) // files)
+    for f in range(files):
+        part = rows[f * step : (f + 1) * step]
+        table = pa.table(
+            {
+                "user": pa.array([r["user"] for r in part], pa.string()),
+                "ts": pa.array([r["ts"] for r in part], pa.timestamp("us", tz="UTC")),
+                "ntz": pa.array([r["ntz"] for r in part], pa.timestamp("us")),
+            }
+        )
+        pq.write_table(table, f"{path}/f{f:03d}.parquet")
+
+
+def _times_flow(src) -> tuple[Dataflow, list]:
+    out: list = []
+    flow = Dataflow("ck_times")
+    keyed = op.key_on("key", op.input("inp", flow, src), lambda r: r["user"])
+    seen = op.stateful_map("seen", keyed, lambda st, r: (None, (r["ts"], r["ntz"])))
+    op.output("out", seen, TestingSink(out))
+    return flow, out
+
+
+def test_a_spark_keyed_stream_gives_timestamps_as_aware_datetimes_in_the_session_zone(spark, tmp_path):
+    """TIMESTAMP: aware `datetime` in the session zone, exact where its clock repeats an hour; NTZ: naive."""
+    from flowspark.spark import run
+
+    src_dir = str(tmp_path / "in")
+    _write_timed(src_dir, _TIMED, 2)
+    src = SparkSource("parquet", src_dir, schema="user STRING, ts TIMESTAMP, ntz TIMESTAMP_NTZ", streaming=True)
+    flow, out = _times_flow(src)
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        sr = run(flow, spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", progress=False)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    assert sr is not None
+    assert sr.plan.decision("spark_keys", "stage 1").applied
+    assert sorted((k, ts, ntz) for k, (ts, ntz) in out) == sorted((r["user"], r["ts"], r["ntz"]) for r in _TIMED)
+    for _k, (ts, ntz) in out:
+        assert type(ts) is datetime
+        assert str(ts.tzinfo) == "America/New_York"
+        assert type(ntz) is datetime
+        assert ntz.tzinfo is None
+
+
+def _count_flow(src, out: list) -> Dataflow:
+    flow = Dataflow("ck_windows")
+    clock = win.EventClock(lambda r: r["ts"], timedelta(seconds=10))
+    windower = win.TumblingWindower(timedelta(minutes=1), datetime(2026, 1, 1, tzinfo=timezone.utc))
+    w = win.count_window("count", op.input("inp", flow, src), clock, windower, lambda r: r["user"])
+    op.output("out", w.down, TestingSink(out))
+    return flow
+
+
+def test_a_count_window_over_a_spark_keyed_file_stream_equals_in_memory(spark, tmp_path):
+    """Per-user tumbling counts on an EventClock: every window the stream closed has the in-memory executor's count."""
+    from flowspark.spark import run
+
+    src_dir = str(tmp_path / "in")
+    base = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    rows = [{"user": f"u{i % 4}", "ts": base + timedelta(seconds=7 * i - 3 * (i % 3)), "ntz": base} for i in range(60)]
+    _write_timed(src_dir, [{**r, "ntz": r["ntz"].replace(tzinfo=None)} for r in rows], 3)
+    src = SparkSource(
+        "parquet",
+        src_dir,
+        schema="user STRING, ts TIMESTAMP, ntz TIMESTAMP_NTZ",
+        options={"maxFilesPerTrigger": "1"},
+        streaming=True,
+    )
+    streamed: list = []
+    sr = run(
+        _count_flow(src, streamed),
+        spark=spark,
+        checkpoint=str(tmp_path / "chk"),
+        trigger="available_now",
+        progress=False,
+    )
+    assert sr is not None
+    assert sr.plan.decision("spark_keys", "stage 1").applied
+    local: list = []
+    run_main(_count_flow(TestingSource(rows), local))
+    assert len(streamed) == len(set(streamed))
+    assert streamed
+    assert set(streamed) <= set(local)  # the stream closes the windows its watermarks passed, with their full counts
+    # Every window that ends more than the wait before a user's last event is closed by the stream too.
+    last = {u: max(r["ts"] for r in rows if r["user"] == u) for u in {r["user"] for r in rows}}
+    closed = {
+        (k, wid) for k, (wid, _n) in local if base + timedelta(minutes=wid + 1) <= last[k] - timedelta(seconds=10)
+    }
+    assert closed <= {(k, wid) for k, (wid, _n) in streamed}
