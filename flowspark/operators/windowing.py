@@ -1080,6 +1080,8 @@ class _FoldWindowLogic(WindowLogic[V, S, S]):
 
 
 _MISSING: Any = object()
+#: Immutable types whose values a snapshot may share (see `_FastFoldLogic.snapshot`).
+_ATOMIC = frozenset({int, float, bool, str, bytes, type(None)})
 
 
 class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]]):
@@ -1367,7 +1369,11 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
 
     @override
     def snapshot(self) -> tuple[Any, ...]:
-        return (self.sys_max, self.base, copy.deepcopy(self.accs), list(self.queue))
+        accs = self.accs
+        # Accumulators of immutable atomic types (count_window's ints, sums) need no deep copy:
+        # a copy of the dict is the same snapshot at a fifth of the cost.
+        copied = dict(accs) if all(type(a) in _ATOMIC for a in accs.values()) else copy.deepcopy(accs)
+        return (self.sys_max, self.base, copied, list(self.queue))
 
 
 def _fast_fold_ok(clock: Clock[Any, Any], windower: Windower[Any]) -> bool:

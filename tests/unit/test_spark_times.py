@@ -1,4 +1,4 @@
-"""A Spark-keyed stream's TIMESTAMP columns: microseconds since the epoch back to aware datetimes, as Arrow gives them."""
+"""Spark-keyed streams: TIMESTAMP microseconds back to aware datetimes, as Arrow gives them."""
 
 from __future__ import annotations
 
