@@ -680,8 +680,8 @@ class StepDriver:
             logic: The key's live logic, or `None` (built on the first value).
             now: The logical time notifications are compared with.
             eof: Whether the key's input ends here (due notifications, then `on_eof`).
-            tags: `False` when nobody reads the emits' tags: a logic without notifications
-                then gives its values' emits empty tags (same emits, same order).
+            tags: `False` when nobody reads the emits' tags: the values' emits (and those of
+                notifications fired before them) then get empty tags (same emits, same order).
 
         Returns:
             `(emits as (tag, value) pairs in order, logic or None)`.
@@ -719,7 +719,7 @@ class StepDriver:
             more, discard = self.feed(key, logic, [v for _, v in chunk])
             ws.extend(more)
             if ws:
-                _tag_emits(chunk, ws, mid, True, out)
+                _tag_emits(chunk, ws, mid, tags, out)
             if discard:
                 logic = None
         if eof and logic is not None:

@@ -161,7 +161,7 @@ def column_key_runs(
                 return pa.RecordBatch.from_arrays(b.columns[1:], names=b.schema.names[1:]).to_pylist()
             names = b.schema.names[1:]
             cols = [values_of(b, n) for n in names]
-            return [dict(zip(names, vs, strict=True)) for vs in zip(*cols, strict=True)]
+            return [dict(zip(names, vs)) for vs in zip(*cols)]  # noqa: B905 - columns of one batch
         except Exception as e:
             raise _fail(ck.source_step, e) from e
 
