@@ -35,6 +35,7 @@ from flowspark.spark.codec import (
 )
 from flowspark.spark.ops import Dead, apply_ops, checked_keys, screen_keyed, stage_streams, through
 from flowspark.spark.plan import DEAD_PORT, Op, StageSpec
+from flowspark.spark.times import arrow_rows
 
 if TYPE_CHECKING:
     from flowspark.spark.rows import RowSchema
@@ -158,7 +159,7 @@ def column_key_runs(
     def rows_of(b: Any) -> list[Any]:
         try:
             if not columns_as:
-                return pa.RecordBatch.from_arrays(b.columns[1:], names=b.schema.names[1:]).to_pylist()
+                return arrow_rows(pa.RecordBatch.from_arrays(b.columns[1:], names=b.schema.names[1:]))
             names = b.schema.names[1:]
             cols = [values_of(b, n) for n in names]
             return [dict(zip(names, vs)) for vs in zip(*cols)]  # noqa: B905 - columns of one batch
@@ -665,7 +666,7 @@ def _stage_items(
         pos = 0
         for b in batches:
             try:
-                xs = b.to_pylist()
+                xs = arrow_rows(b)
             except Exception as e:
                 raise _fail(spec.source_step, e) from e
             items = source_items(si, partition_id, 0, xs, offset=pos)  # one activation, as `position_seqs`

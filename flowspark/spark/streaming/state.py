@@ -43,6 +43,7 @@ from flowspark.spark.ops import stage_streams, through
 from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.keylayout import KeyTable, dump_state, key_processor
 from flowspark.spark.streaming.routing import Route, forward_frame
+from flowspark.spark.times import aware_times
 from flowspark.spark.worker import (
     column_key_runs,
     dead_rows,
@@ -556,9 +557,8 @@ class BucketDriver:
         """`table` and how to read its timestamps: aware datetimes for `time_columns`, plain ones for the others.
 
         The TIMESTAMP columns (microseconds since the epoch, see `time_columns`) become `datetime`s
-        in the session's time zone, the very values Arrow's `to_pylist` gives for such a column,
-        built in Python (Arrow's conversion to aware datetimes costs 2.7 µs a value, measured; this
-        0.3 µs, or 0.6 µs in a zone with daylight saving time). pandas hands TIMESTAMP_NTZ columns
+        in the session's time zone, as a source stage's rows have them everywhere (`arrow_rows`),
+        built in Python (`flowspark.spark.times.aware_times`). pandas hands TIMESTAMP_NTZ columns
         over as nanosecond timestamps (`pandas.Timestamp` items): they become microseconds
         (Spark's precision), so the items are `datetime`s.
         """
@@ -666,39 +666,6 @@ class BucketDriver:
             The processor.
         """
         return key_processor(self, ttl)
-
-
-#: Zones whose offset never changes: a datetime in them is the epoch plus a timedelta.
-_FIXED_ZONES = frozenset({"UTC", "Etc/UTC", "Etc/UCT", "UCT", "Etc/Universal", "Universal", "Etc/Zulu", "Zulu"})
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def aware_times(zone: str) -> Callable[[Any], list[Any]]:
-    """The function giving an int64 Arrow column of microseconds since the epoch as aware datetimes in `zone`.
-
-    The values and their `tzinfo` are what Arrow's `to_pylist` gives for a TIMESTAMP column in
-    that zone (the same `tzinfo` object), `None` for nulls.
-
-    Args:
-        zone: A time zone name as Spark's session has it (a region id or an offset).
-
-    Returns:
-        `fn(column) -> list`.
-    """
-    import pyarrow as pa
-
-    tz = pa.array([0], pa.timestamp("us", tz=zone)).to_pylist()[0].tzinfo
-    fixed = isinstance(tz, timezone) or str(tz) in _FIXED_ZONES
-    start = _EPOCH.astimezone(tz)
-    micro = timedelta(microseconds=1)
-
-    def times(col: Any) -> list[Any]:
-        xs = col.to_pylist()
-        if fixed:
-            return [None if x is None else start + x * micro for x in xs]
-        return [None if x is None else (_EPOCH + x * micro).astimezone(tz) for x in xs]
-
-    return times
 
 
 def _load(blob: Optional[bytes]) -> dict[str, Any]:
