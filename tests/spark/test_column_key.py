@@ -373,3 +373,30 @@ def test_the_first_keys_sample_reads_partition_0_as_the_stage_does(spark, tmp_pa
     assert got[0] == got[1]
     assert got[0][0] == "struct<user:string,x:bigint>"
     assert len(got[0][1]) == 600
+
+
+def _times_flow(source: Any, key: Any, out: list[Any]) -> Dataflow:
+    flow = Dataflow("ck_times")
+    keyed = op.key_on("key", op.input("inp", flow, source), key)
+    op.output("out", op.stateful_map("seen", keyed, lambda st, r: (None, r["ts"])), TestingSink(out))
+    return flow
+
+
+def test_timestamps_are_utc_datetimes_in_a_utc_session_whichever_pass_reads_them(spark):
+    """A TIMESTAMP column in a UTC session: `datetime`s in `timezone.utc`, the same through either lowering."""
+    times = [T0 + timedelta(seconds=7 * i, microseconds=i) for i in range(12)]
+    rows = [(f"u{i % 3}", t) for i, t in enumerate(times)]
+    df = spark.createDataFrame(rows, "user string, ts timestamp")
+    outs = {}
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "UTC")
+    try:
+        for key in (recognised, not_recognised):
+            out: list[Any] = []
+            run(_times_flow(SparkSource.from_dataframe(df), key, out), spark=spark)
+            outs[key.__name__] = sorted(out)
+            assert sorted(ts for _k, ts in out) == times
+            assert all(type(ts) is datetime and ts.tzinfo is timezone.utc for _k, ts in out)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    assert outs["recognised"] == outs["not_recognised"]
