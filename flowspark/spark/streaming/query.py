@@ -197,11 +197,12 @@ class StreamingRun:
         """Lower a keyed stage over `df` (with a `bucket` column) to the stateful operator."""
         driver = self._driver(spec, route, column_key)
         out_schema = ROW_SCHEMA if driver.sink_rows is None else self._sink_struct
-        if self.layout == "key":
-            # Always processing time: Spark's TTL of the per-key rows (state_ttl) needs it, and
+        if self.layout in ("key", "chunk"):
+            # Always processing time: Spark's TTL of the MapState rows (state_ttl) needs it, and
             # a checkpoint's time mode cannot change between runs.
+            proc = driver.key_processor if self.layout == "key" else driver.chunk_processor
             return df.groupBy("bucket").transformWithStateInPandas(
-                driver.key_processor(self.state_ttl), out_schema, "Append", "ProcessingTime"
+                proc(self.state_ttl), out_schema, "Append", "ProcessingTime"
             )
         if not self.lowering.chained:
             return df.groupBy("bucket").applyInPandasWithState(
