@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import random
+from datetime import datetime, timedelta, timezone
 from typing import Any, Optional
 
 import pytest
@@ -31,6 +32,9 @@ class FakeMapState:
         self.rows.pop(key[0], None)
 
 
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
 def _entry(n: int, at: Any = None) -> tuple[Any, Any, bytes]:
     return ([(n,)], at, b"run")
 
@@ -47,11 +51,16 @@ def test_random_calls_match_a_dict_and_chunks_split(seed):
             if rng.random() < 0.2:
                 assert table.pop(key, None) == ref.pop(key, None)
             else:
-                ref[key] = table[key] = _entry(call, call if rng.random() < 0.3 else None)
+                at = T0 + timedelta(seconds=rng.randint(0, 300)) if rng.random() < 0.3 else None
+                ref[key] = table[key] = _entry(call, at)
         table.flush()
         meta = table.meta()
         assert table.keys == len(table) == len(ref)
-        assert table.pending == {k: e[1] for k, e in ref.items() if e[1] is not None}
+        assert table.pending_at() == {k: e[1] for k, e in ref.items() if e[1] is not None}
+        now = T0 + timedelta(seconds=150)
+        assert table.due(now) == sorted((e[1], k) for k, e in ref.items() if e[1] is not None and e[1] <= now)
+        ats = [e[1] for e in ref.values() if e[1] is not None]
+        assert table.earliest() == (min(ats) if ats else None)
     final = ChunkTable(ms, meta, hot_cap=4, chunk_keys=3)
     assert {k: final.get(k) for k in ref} == ref
     # The cold keys sit in the chunk their hash names; the chunk count doubled to keep chunks small.

@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import pickle
 import zlib
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, Optional
 
 from flowspark.spark.streaming.keylayout import dump_state, tiered_processor
@@ -30,6 +30,8 @@ HOT_PER_BUCKET = 1024
 CHUNK_KEYS = 512
 #: Name and schemas of the chunks' MapState (chunk number -> pickled `{key: entry}`).
 CHUNKS = ("chunks", "c int", "chunk binary")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
 
 
 def chunk_of(key: str, chunks: int) -> int:
@@ -48,10 +50,13 @@ class ChunkTable:
     (the last `hot_cap` keys touched, most recent last) or its chunk. A touched cold key
     moves to the hot tier; at `flush` the least recent keys beyond `hot_cap` move to their
     chunks. Each chunk is read at most once per call and written once when it changed.
+    The keys waiting for a notification are kept as integers (µs since the epoch): a
+    bucket with many pending keys loads, stores and scans them in C (`due`, `earliest`),
+    not as one `datetime` object each.
 
     Args:
         chunks: The stage's `MapState` (`chunk number -> pickled {key: entry}`).
-        meta: The bucket's bookkeeping (pickled `{"pending": {key: notify_at}, "timer":
+        meta: The bucket's bookkeeping (pickled `{"pending": {key: notify_at in µs since the epoch}, "timer":
             registered timer in ms or None, "hot": {key: entry}, "n": chunk count,
             "sizes": {chunk: keys stored in it}}`), or `None`.
         hot_cap: The most keys of the hot tier.
@@ -66,7 +71,7 @@ class ChunkTable:
         self.chunks = chunks
         self.hot_cap = hot_cap
         self.chunk_keys = chunk_keys
-        self.pending: dict[str, datetime] = m.get("pending", {})
+        self.pending: dict[str, int] = m.get("pending", {})
         self.timer: Optional[int] = m.get("timer")
         self.hot: dict[str, Any] = m.get("hot", {})
         self.n: int = m.get("n", 1)
@@ -127,11 +132,27 @@ class ChunkTable:
         return default if old is None else old
 
     def _track(self, key: str, at: Optional[datetime]) -> None:
-        if self.pending.get(key) != at:
-            if at is None:
-                del self.pending[key]
-            else:
-                self.pending[key] = at
+        if at is None:
+            self.pending.pop(key, None)
+        else:
+            self.pending[key] = (at - _EPOCH) // _US
+
+    def earliest(self) -> Optional[datetime]:
+        """The earliest `notify_at` of the bucket's keys, or `None`."""
+        return _EPOCH + min(self.pending.values()) * _US if self.pending else None
+
+    def due(self, now: datetime) -> list[tuple[datetime, str]]:
+        """`(notify_at, key)` of the keys due at `now`, in time order (then key)."""
+        if not self.pending:
+            return []
+        limit = (now - _EPOCH) // _US
+        if min(self.pending.values()) > limit:
+            return []
+        return sorted((_EPOCH + at * _US, key) for key, at in self.pending.items() if at <= limit)
+
+    def pending_at(self) -> dict[str, datetime]:
+        """`{key: notify_at}` of the keys waiting for a notification."""
+        return {key: _EPOCH + at * _US for key, at in self.pending.items()}
 
     def flush(self) -> None:
         """Store this call's keys in the hot tier, move the least recent beyond `hot_cap` to chunks, write chunks."""

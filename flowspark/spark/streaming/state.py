@@ -138,7 +138,9 @@ class LatestCounts:
 
 def _pending(table: Any) -> Iterator[tuple[str, datetime]]:
     """`(key, notify_at)` of the keys of a bucket waiting for a notification."""
-    if isinstance(table, _TIERED):
+    if isinstance(table, ChunkTable):
+        return iter(list(table.pending_at().items()))
+    if isinstance(table, KeyTable):
         return iter(list(table.pending.items()))
     return ((k, e[1]) for k, e in table.items() if e[1] is not None)
 
@@ -340,7 +342,10 @@ class BucketDriver:
                 )
                 out.extend([(s, (key, w)) for s, w in emits])
                 self._store(table, key, logics, self._times(snaps, now, fed) if ttl else None)
-        due = sorted((at, key) for key, at in _pending(table) if at <= now)
+        if isinstance(table, ChunkTable):
+            due = table.due(now)
+        else:
+            due = sorted((at, key) for key, at in _pending(table) if at <= now)
         for rank, (_at, key) in enumerate(due):
             self._fire(table, key, rank, now, out)
         return out
@@ -462,7 +467,11 @@ class BucketDriver:
         Returns:
             Milliseconds (at least 1), or `None` when no key waits for a notification.
         """
-        ats = [at for _key, at in _pending(table)]
+        if isinstance(table, ChunkTable):
+            first = table.earliest()
+            ats = [] if first is None else [first]
+        else:
+            ats = [at for _key, at in _pending(table)]
         if not ats:
             return None
         if self.clock is not None:
