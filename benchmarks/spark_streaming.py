@@ -18,7 +18,10 @@ which the 2% warm-up does not trigger. The figures are the best run of each job;
 repeat's pair is printed with its ratio.
 
 Usage: python benchmarks/spark_streaming.py [--events 1000000] [--keys 10000] [--batches 10]
-       [--source python|parquet|both] [--skip-per-key] [--repeat 2]
+       [--source python|parquet|both] [--skip-per-key] [--repeat 2] [--layouts default,bucket,chunk]
+
+`--layouts` runs flowspark once per state layout in each repeat (`default`: a new checkpoint's
+layout), each against the same hand-written bucketed job.
 """
 
 from __future__ import annotations
@@ -91,7 +94,15 @@ def write_parquet(path: str, events: int, keys: int, batches: int) -> None:
         pq.write_table(pa.table({"key": ks}), os.path.join(path, f"b{b:04d}.parquet"))
 
 
-def run_flowspark(spark: Any, events: int, keys: int, batches: int, work: str, parquet: Optional[str] = None) -> float:
+def run_flowspark(
+    spark: Any,
+    events: int,
+    keys: int,
+    batches: int,
+    work: str,
+    parquet: Optional[str] = None,
+    layout: Optional[str] = None,
+) -> float:
     from flowspark.spark import run
     from flowspark.spark.inputs import SparkSource
 
@@ -112,6 +123,7 @@ def run_flowspark(spark: Any, events: int, keys: int, batches: int, work: str, p
         trigger="available_now",
         max_items=events // batches // 2,
         progress=False,
+        state_layout=layout,
     )
     return time.perf_counter() - t0
 
@@ -236,6 +248,11 @@ def main() -> None:
     ap.add_argument(
         "--repeat", type=int, default=2, help="runs of each job (alternating which goes first); best of them"
     )
+    ap.add_argument(
+        "--layouts",
+        default="default",
+        help="flowspark's state layouts to run, comma-separated (default: the default layout of a new checkpoint)",
+    )
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), *sys.path])
@@ -245,6 +262,9 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="fs_stream_bench_")
     n, k, b = args.events, args.keys, args.batches
     sources = ["python", "parquet"] if args.source == "both" else [args.source]
+    from flowspark.spark.streaming.state import LAYOUTS
+
+    layouts = [LAYOUTS[0] if x == "default" else x for x in args.layouts.split(",")]
     try:
         print(f"{n:,} events, {k:,} keys, {b} micro-batches, local[2]")
         for source in sources:
@@ -256,7 +276,8 @@ def main() -> None:
                 write_parquet(pq_in, n, k, b)
                 write_parquet(warm_in, wn, k, 2)
             # Warm-up: every job once on 2% of the events, in 2 micro-batches.
-            run_flowspark(spark, wn, k, 2, f"{work}/warm_fs_{source}", warm_in)
+            for layout in layouts:
+                run_flowspark(spark, wn, k, 2, f"{work}/warm_fs_{source}_{layout}", warm_in, layout)
             run_hand_written(spark, wn, k, 2, f"{work}/warm_bucketed_{source}", True, warm_in)
             per_key = not args.skip_per_key
             if per_key:
@@ -264,28 +285,30 @@ def main() -> None:
             print(f"-- source: {'Python data source' if source == 'python' else 'parquet files (Spark file stream)'}")
             # Each repeat runs both jobs, in alternating order: the JVM keeps compiling hot code
             # during the first full-size run, and that would favour whichever job runs second.
-            fs_runs: list[float] = []
-            bk_runs: list[float] = []
+            runs: dict[str, list[float]] = {name: [] for name in [*layouts, "bk"]}
             for r in range(args.repeat):
-                jobs = [("fs", fs_runs), ("bk", bk_runs)]
-                for name, runs in jobs if r % 2 == 0 else jobs[::-1]:
-                    if name == "fs":
-                        out = f"{work}/fs_{source}_{r}"
-                        runs.append(run_flowspark(spark, n, k, b, out, pq_in))
+                names = list(runs) if r % 2 == 0 else list(runs)[::-1]
+                for name in names:
+                    if name != "bk":
+                        out = f"{work}/fs_{source}_{name}_{r}"
+                        runs[name].append(run_flowspark(spark, n, k, b, out, pq_in, name))
                         got = spark.read.parquet(f"{out}/fs_out").count()
                         assert got == n, f"flowspark wrote {got} rows, expected {n}"
                     else:
-                        runs.append(run_hand_written(spark, n, k, b, f"{work}/bucketed_{source}_{r}", True, pq_in))
-                order = "flowspark first" if r % 2 == 0 else "hand-written first"
-                print(
-                    f"repeat {r + 1} ({order}): flowspark {fs_runs[-1]:.1f} s, hand-written bucketed "
-                    f"{bk_runs[-1]:.1f} s: {bk_runs[-1] / fs_runs[-1]:.2f}x"
-                )
-            fs, bk = min(fs_runs), min(bk_runs)
+                        bk_out = f"{work}/bucketed_{source}_{r}"
+                        runs[name].append(run_hand_written(spark, n, k, b, bk_out, True, pq_in))
+                bk_last = runs["bk"][-1]
+                line = ", ".join(f"flowspark {x} {runs[x][-1]:.1f} s ({bk_last / runs[x][-1]:.2f}x)" for x in layouts)
+                print(f"repeat {r + 1} (order {' '.join(names)}): {line}, hand-written bucketed {bk_last:.1f} s")
+            bk = min(runs["bk"])
             best = f"(best of {args.repeat})"
-            print(f"flowspark (bucketed, per-key driver):        {fs:6.1f} s  {n / fs:>10,.0f} events/s  {best}")
+            for layout in layouts:
+                fs = min(runs[layout])
+                print(f"flowspark layout {layout:6s}:                 {fs:6.1f} s  {n / fs:>10,.0f} events/s  {best}")
             print(f"hand-written bucketed applyInPandasWithState: {bk:6.1f} s  {n / bk:>10,.0f} events/s  {best}")
-            print(f"flowspark / hand-written bucketed: {bk / fs:.2f}x  (target >= 0.8x)")
+            for layout in layouts:
+                print(f"flowspark {layout} / hand-written bucketed: {bk / min(runs[layout]):.2f}x  (target >= 0.8x)")
+            fs = min(runs[layouts[0]])
             if per_key:
                 pk = run_hand_written(spark, n, k, b, f"{work}/per_key_{source}", False, pq_in)
                 print(f"hand-written per-key applyInPandasWithState: {pk:6.1f} s  {n / pk:>10,.0f} events/s")

@@ -111,9 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--state-layout",
-        choices=["bucket", "key"],
-        help="streaming: state layout: bucket (one state row per bucket, for small state) or key (one row per "
-        "key, for large state); default the checkpoint's, bucket for a new one",
+        choices=["bucket", "key", "chunk"],
+        help="streaming: state layout: bucket (one state row per bucket, for small state), key (one row per "
+        "key, for large state) or chunk (rows of many keys, for large state filled fast); default the "
+        "checkpoint's, bucket for a new one",
     )
     run.add_argument(
         "--state-ttl",
@@ -174,7 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--buckets", type=positive_int, default=64, metavar="B", help="streaming flows: state buckets (default 64)"
     )
     plan.add_argument(
-        "--state-layout", choices=["bucket", "key"], default="bucket", help="streaming flows: state layout"
+        "--state-layout", choices=["bucket", "key", "chunk"], default="bucket", help="streaming flows: state layout"
     )
     plan.add_argument("--rules", metavar="RULES", help=RULES_HELP)
 

@@ -315,7 +315,8 @@ def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> t
     per bucket whose value is the pickled `{key: (snapshots, notify_at, run)}` (`snapshots[i]` is
     `None` or `(snapshot,)`, `(snapshot, last value time)` with a state TTL, for the i-th
     stateful step; `run`: the writing run's token, absent in entries of older versions); in
-    the key layout, one `MapState` row per key plus each bucket's hot tier.
+    the key layout, one `MapState` row per key plus each bucket's hot tier; in the chunk layout,
+    `MapState` rows of many keys each plus each bucket's hot tier.
 
     Args:
         spark: The SparkSession.
@@ -361,6 +362,8 @@ def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> t
         reader = reader.option("batchId", batch_id)
     if meta.get("state_layout") == "key":
         return meta, _key_layout_state(reader, query)
+    if meta.get("state_layout") == "chunk":
+        return meta, _chunk_layout_state(reader, query)
     rows = reader.load(query).select("value").collect()
     table: dict[str, Any] = {}
     for row in rows:
@@ -388,6 +391,25 @@ def _key_layout_state(reader: Any, path: str) -> dict[str, Any]:
         if blob is not None:
             hot = pickle.loads(blob).get("hot", {})  # noqa: S301 - our own checkpoint
             table.update({key: ent for key, (ent, _in_map) in hot.items()})
+    return table
+
+
+def _chunk_layout_state(reader: Any, path: str) -> dict[str, Any]:
+    """`{key: entry}` of a chunk-layout checkpoint: the chunks' keys, then the buckets' hot tiers."""
+    import pickle
+
+    from flowspark.spark.streaming.chunklayout import CHUNKS
+    from flowspark.spark.streaming.keylayout import META
+
+    table: dict[str, Any] = {}
+    for row in reader.option("stateVarName", CHUNKS[0]).load(path).select("user_map_value").collect():
+        blob = _first_binary(row["user_map_value"])
+        if blob is not None:
+            table.update(pickle.loads(blob))  # noqa: S301 - our own checkpoint
+    for row in reader.option("stateVarName", META[0]).load(path).select("value").collect():
+        blob = _first_binary(row["value"])
+        if blob is not None:
+            table.update(pickle.loads(blob).get("hot", {}))  # noqa: S301 - our own checkpoint
     return table
 
 

@@ -145,18 +145,20 @@ def test_streaming_run_then_state_then_foreign_flow_refused(spark, tmp_path, cap
     assert "use another checkpoint directory" in err[0]
 
 
-def test_state_reads_the_key_layout(spark, tmp_path, capsys, monkeypatch):
-    """`flowspark state` on a key-layout checkpoint: per-key MapState rows and hot tiers (one key per bucket)."""
+@pytest.mark.parametrize("layout", ["key", "chunk"])
+def test_state_reads_the_key_and_chunk_layouts(spark, tmp_path, capsys, monkeypatch, layout):
+    """`flowspark state` on a key- or chunk-layout checkpoint: MapState rows and hot tiers (one key per bucket)."""
     from streaming_helpers import write_jsonl
 
-    monkeypatch.setattr("flowspark.spark.streaming.keylayout.HOT_PER_BUCKET", 1)
+    monkeypatch.setattr(f"flowspark.spark.streaming.{layout}layout.HOT_PER_BUCKET", 1)
+    monkeypatch.setattr("flowspark.spark.streaming.chunklayout.CHUNK_KEYS", 1)
     root, chk, out = str(tmp_path / "in"), str(tmp_path / "chk"), str(tmp_path / "out.txt")
     write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 5}"} for i in range(12)])
-    args = ["run", "--checkpoint", chk, "--trigger", "available_now", "--state-layout", "key", "--buckets", "2"]
+    args = ["run", "--checkpoint", chk, "--trigger", "available_now", "--state-layout", layout, "--buckets", "2"]
     assert main([*args, "--no-progress", f"test_cli_spark:stream_flow({root!r}, {out!r})"]) == 0
     assert main(["state", chk]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "2 buckets (layout 'key'), 5 keys with state" in lines[0]
+    assert f"2 buckets (layout '{layout}'), 5 keys with state" in lines[0]
     assert lines[1:] == [f"cli_stream.count.stateful_batch 'u{i}': {3 if i < 2 else 2}" for i in range(5)]
 
 

@@ -1,4 +1,4 @@
-"""The key state layout gives the bucket layout's results; the layout is fixed for a checkpoint."""
+"""The key and chunk state layouts give the bucket layout's results; the layout is fixed for a checkpoint."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import re
 from datetime import timedelta
 
 import pytest
-from streaming_helpers import T0, FileClock, JsonlDirSource, write_jsonl
+from streaming_helpers import T0, FileClock, JsonlDirSource, count_mapper, write_jsonl
 from test_streaming import _active_flow, _chain_flow, _count_flow
 
+import flowspark.operators as op
+from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkTypeError, RecoveryError
-from flowspark.testing import run_main
+from flowspark.testing import TestingSink, run_main
 
 pytestmark = [pytest.mark.spark]
 
@@ -49,7 +51,47 @@ def test_key_layout_running_count_and_resume(spark, tmp_path, monkeypatch, hot):
         run(_count_flow(root, []), state_layout="bucket", **opts)
 
 
-def test_key_layout_chain_of_stateful_steps(spark, tmp_path, tiny_hot_tier):
+def _count_flow_of(src: JsonlDirSource, out: list) -> Dataflow:
+    flow = Dataflow("stream_count")
+    keyed = op.key_on("key", op.input("inp", flow, src), lambda e: e["user"])
+    op.output("out", op.stateful_map("count", keyed, count_mapper), TestingSink(out))
+    return flow
+
+
+@pytest.fixture
+def tiny_chunks(monkeypatch):
+    """Chunk layout: one hot key per bucket, and the chunk count doubling past one cold key per chunk."""
+    monkeypatch.setattr("flowspark.spark.streaming.chunklayout.HOT_PER_BUCKET", 1)
+    monkeypatch.setattr("flowspark.spark.streaming.chunklayout.CHUNK_KEYS", 1)
+
+
+def test_chunk_layout_running_count_restart_and_splits(spark, tmp_path, tiny_chunks):
+    """Many keys through one-key hot tiers and one-key chunks (every flush splits chunks); a restart goes on."""
+    from flowspark.spark import run
+
+    root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
+    users = [f"u{i % 23}" for i in range(60)] + [f"u{i % 7}" for i in range(10)]
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": u} for u in users[:60]])
+    write_jsonl(f"{root}/b/0001.jsonl", [{"user": u} for u in users[60:]])
+    out: list = []
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False, "buckets": 2}
+    run(_count_flow(root, out), state_layout="chunk", **opts)
+    with open(os.path.join(chk, "flowspark.json")) as f:
+        assert json.load(f)["state_layout"] == "chunk"
+    more = [f"u{i % 29}" for i in range(40)]
+    write_jsonl(f"{root}/a/0002.jsonl", [{"user": u} for u in more])
+    run(_count_flow(root, out), **opts)  # the layout comes from the checkpoint
+    # A running count: each key's counts 1..n, as run_main gives on the same files (read as a bounded stream).
+    local: list = []
+    run_main(_count_flow_of(JsonlDirSource(root, ["a", "b"], bounded=True), local))
+    assert sorted(out) == sorted(local)
+    assert sorted(out) == sorted((u, n) for u in set(users + more) for n in range(1, (users + more).count(u) + 1))
+    with pytest.raises(RecoveryError, match=r"'chunk' layout; received state_layout='key'.*new checkpoint"):
+        run(_count_flow(root, []), state_layout="key", **opts)
+
+
+@pytest.mark.parametrize("layout", ["key", "chunk"])
+def test_tiered_layouts_chain_of_stateful_steps(spark, tmp_path, tiny_hot_tier, tiny_chunks, layout):
     from flowspark.spark import run
 
     root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
@@ -57,7 +99,7 @@ def test_key_layout_chain_of_stateful_steps(spark, tmp_path, tiny_hot_tier):
     streamed: list = []
     opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False, "max_items": 12}
     opts["buckets"] = 2
-    run(_chain_flow(JsonlDirSource(root, ["a"], batch=5), streamed), state_layout="key", **opts)
+    run(_chain_flow(JsonlDirSource(root, ["a"], batch=5), streamed), state_layout=layout, **opts)
     write_jsonl(f"{root}/a/0002.jsonl", [{"user": f"u{i % 3}"} for i in range(9)])
     run(_chain_flow(JsonlDirSource(root, ["a"], batch=5), streamed), **opts)
     local: list = []
@@ -85,17 +127,25 @@ def test_a_checkpoint_from_before_layouts_keeps_the_bucket_layout(tmp_path):
     check_meta(fresh, "f", 64, ["f.count"])
     assert check_layout(fresh, "key", ("bucket", "key")) == "key"
     assert check_layout(fresh, "bucket", ("bucket", "key")) == "bucket"
+    from flowspark.spark.streaming.state import LAYOUTS
+
+    assert check_layout(chk, None, LAYOUTS) == "bucket"
+    newer = str(tmp_path / "newer")
+    check_meta(newer, "f", 64, ["f.count"])
+    assert check_layout(newer, "chunk", LAYOUTS) == "chunk"
 
 
 def test_bad_state_layout_is_refused(tmp_path):
     from flowspark.spark import run
 
-    with pytest.raises(FlowsparkTypeError, match=r"state_layout must be 'bucket' or 'key'; received 'keys'"):
+    with pytest.raises(
+        FlowsparkTypeError, match=r"state_layout must be one of 'bucket', 'key', 'chunk'; received 'keys'"
+    ):
         run(_count_flow(str(tmp_path), []), checkpoint=str(tmp_path / "c"), state_layout="keys")
 
 
-@pytest.mark.parametrize("layout", ["bucket", "key"])
-def test_state_ttl_drops_idle_keys_on_both_layouts(spark, tmp_path, layout):
+@pytest.mark.parametrize("layout", ["bucket", "key", "chunk"])
+def test_state_ttl_drops_idle_keys_on_every_layout(spark, tmp_path, layout):
     """A key idle for state_ttl (injected clock) starts again from fresh state; a live key goes on."""
     from flowspark.spark import run
 
@@ -116,7 +166,7 @@ def test_state_ttl_drops_idle_keys_on_both_layouts(spark, tmp_path, layout):
     assert got == [[("amy", 1), ("bob", 1)], [("amy", 2)], [("amy", 3), ("bob", 1)], [("amy", 1)]]
 
 
-@pytest.mark.parametrize("layout", ["bucket", "key"])
+@pytest.mark.parametrize("layout", ["bucket", "key", "chunk"])
 def test_progress_line_shows_keys_timers_and_bytes_in_state(spark, tmp_path, layout):
     from flowspark.spark import run
 
@@ -134,7 +184,8 @@ def test_progress_line_shows_keys_timers_and_bytes_in_state(spark, tmp_path, lay
     assert "state 5 keys" in lines[-1], lines
 
 
-def test_progress_line_counts_pending_timers(spark, tmp_path):
+@pytest.mark.parametrize("layout", ["key", "chunk"])
+def test_progress_line_counts_pending_timers(spark, tmp_path, layout):
     from flowspark.spark import run
 
     root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
@@ -143,7 +194,7 @@ def test_progress_line_counts_pending_timers(spark, tmp_path):
     write_jsonl(f"{root}/a/0001.jsonl", [{"user": "amy"}, {"user": "bob"}])
     lines: list = []
     opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": lines.append, "clock": clock}
-    run(_active_flow(root, []), state_layout="key", **opts)
+    run(_active_flow(root, []), state_layout=layout, **opts)
     assert "state 2 keys, 2 timers pending" in lines[-1], lines
 
 

@@ -134,16 +134,17 @@ def _active_flow(root: str, out: list) -> Dataflow:
     return flow
 
 
-@pytest.mark.parametrize("layout", ["bucket", "key"])
+@pytest.mark.parametrize("layout", ["bucket", "key", "chunk"])
 def test_timeouts_fire_for_idle_keys(spark, tmp_path, monkeypatch, layout):
     """The active-user example: a user idle for 30 minutes gets ('ended', n), on an injected clock.
 
-    In the key layout with a one-key hot tier and one bucket, one of the two users lives in a
-    MapState row: the bucket's bookkeeping row must know it waits for a notification.
+    In the key and chunk layouts with a one-key hot tier and one bucket, one of the two users
+    lives in a MapState row: the bucket's bookkeeping row must know it waits for a notification.
     """
     from flowspark.spark import run
 
     monkeypatch.setattr("flowspark.spark.streaming.keylayout.HOT_PER_BUCKET", 1)
+    monkeypatch.setattr("flowspark.spark.streaming.chunklayout.HOT_PER_BUCKET", 1)
 
     root = str(tmp_path / "in")
     chk = str(tmp_path / "chk")

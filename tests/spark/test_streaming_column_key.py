@@ -38,7 +38,7 @@ def _sum_flow(src, out: list) -> Dataflow:
     return flow
 
 
-@pytest.mark.parametrize("layout", ["bucket", "key"])
+@pytest.mark.parametrize("layout", ["bucket", "key", "chunk"])
 def test_spark_keys_a_file_stream_and_results_equal_in_memory(spark, tmp_path, layout):
     from flowspark.spark import run
 

@@ -14,11 +14,11 @@ layout's `StatefulProcessor`; it runs a bucket with the stage's `BucketDriver`
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from typing import Any, Optional
 
-__all__ = ["ENTRIES", "HOT_PER_BUCKET", "META", "KeyTable", "dump_state", "key_processor"]
+__all__ = ["ENTRIES", "HOT_PER_BUCKET", "META", "KeyTable", "dump_state", "key_processor", "tiered_processor"]
 
 #: Spark's TTL of the per-key rows when the run has no `state_ttl` (see `key_processor`).
 _NO_TTL = timedelta(days=36500)
@@ -67,12 +67,14 @@ class KeyTable:
         meta: The bucket's bookkeeping (pickled `{"pending": {key: notify_at}, "timer":
             registered timer in ms or None, "keys": key count, "hot": {key: (entry, in_map)}}`,
             `in_map` telling whether a `MapState` row of the key exists), or `None`.
+        hot_cap: The most keys the hot tier keeps (`flush`).
     """
 
-    def __init__(self, entries: Any, meta: Optional[bytes]) -> None:
+    def __init__(self, entries: Any, meta: Optional[bytes], hot_cap: int = HOT_PER_BUCKET) -> None:
         """Load the bucket's bookkeeping."""
         m = pickle.loads(meta) if meta is not None else {}  # noqa: S301 - our own state
         self.entries = entries
+        self.hot_cap = hot_cap
         self.pending: dict[str, datetime] = m.get("pending", {})
         self.timer: Optional[int] = m.get("timer")
         self.keys: int = m.get("keys", 0)
@@ -123,12 +125,12 @@ class KeyTable:
             else:
                 self.pending[key] = at
 
-    def flush(self, hot_cap: int) -> None:
-        """Store the keys touched by this call in the hot tier; move the least recent beyond `hot_cap` to the MapState.
+    def hot_entries(self) -> dict[str, Any]:
+        """The entries of the hot tier (the state TTL's sweep looks at these only)."""
+        return {key: ent for key, (ent, _in_map) in self.hot.items()}
 
-        Args:
-            hot_cap: The most keys the hot tier keeps.
-        """
+    def flush(self) -> None:
+        """Store the keys touched by this call in the hot tier; move the least recent beyond `hot_cap` to MapState."""
         if not self._seen:
             return
         self.changed = True
@@ -140,7 +142,7 @@ class KeyTable:
             elif self._in_map[key]:
                 self.entries.removeKey((key,))
         self._seen.clear()
-        while len(hot) > hot_cap:
+        while len(hot) > self.hot_cap:
             key = next(iter(hot))
             ent, _in_map = hot.pop(key)
             self.entries.updateValue((key,), (dump_state(ent),))
@@ -162,17 +164,36 @@ def key_processor(driver: Any, ttl: Optional[timedelta] = None) -> Any:
     Returns:
         The processor.
     """
+    hot_cap = HOT_PER_BUCKET  # read now: the workers get the value
+    return tiered_processor(driver, ttl, ENTRIES, lambda rows, meta: KeyTable(rows, meta, hot_cap))
+
+
+def tiered_processor(
+    driver: Any, ttl: Optional[timedelta], map_state: tuple[str, str, str], table: Callable[[Any, Optional[bytes]], Any]
+) -> Any:
+    """Build the `StatefulProcessor` of a layout with a bookkeeping row per bucket and a `MapState` (key, chunk).
+
+    Args:
+        driver: The stage's `BucketDriver`.
+        ttl: The run's `state_ttl`, also Spark's TTL of the `MapState` rows (see `key_processor`).
+        map_state: Name, key schema and value schema of the layout's `MapState`.
+        table: Builds a bucket's table from the `MapState` and the bookkeeping row (or `None`):
+            `KeyTable` or `flowspark.spark.streaming.chunklayout.ChunkTable` (`get`, item
+            assignment, `pop`, `flush`, `pending`, `timer`, `changed`, `keys`, `meta`).
+
+    Returns:
+        The processor.
+    """
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    hot_cap = HOT_PER_BUCKET  # read now: the workers get the value
     # Spark stores a TTL with each MapState row when one is configured, so a checkpoint cannot
     # switch between with and without: without state_ttl the rows get a TTL of 100 years.
     ttl_ms = max(1, int((ttl or _NO_TTL) / timedelta(milliseconds=1)))
 
-    class KeyProcessor(StatefulProcessor):
+    class TieredProcessor(StatefulProcessor):
         def init(self, handle: Any) -> None:
             self.handle = handle
-            self.entries = handle.getMapState(*ENTRIES, ttlDurationMs=ttl_ms)
+            self.entries = handle.getMapState(*map_state, ttlDurationMs=ttl_ms)
             self.meta = handle.getValueState(*META)
 
         def _run(self, key: Any, pdfs: Iterator[Any], timer_values: Any, fired: Optional[int]) -> Iterator[Any]:
@@ -182,27 +203,27 @@ def key_processor(driver: Any, ttl: Optional[timedelta] = None) -> Any:
                 if out is not None:
                     yield out
                 return
-            table = KeyTable(self.entries, self.meta.get()[0] if self.meta.exists() else None)
-            if fired is not None and fired == table.timer:
-                table.timer, table.changed = None, True  # Spark dropped the timer that fired
-            out = driver.call(table, pdfs, now, key[0])
-            table.flush(hot_cap)
-            driver.report(key[0], table)
+            tab = table(self.entries, self.meta.get()[0] if self.meta.exists() else None)
+            if fired is not None and fired == tab.timer:
+                tab.timer, tab.changed = None, True  # Spark dropped the timer that fired
+            out = driver.call(tab, pdfs, now, key[0])
+            tab.flush()
+            driver.report(key[0], tab)
             if driver.timers:
-                ms = driver.timeout_ms(table, now)
+                ms = driver.timeout_ms(tab, now)
                 want = None if ms is None else int(now.timestamp() * 1000) + ms
                 if want is not None and want == fired:
                     # Spark drops the timer that fired after this call: a new one needs another time.
                     want += 1
-                if want != table.timer:
-                    if table.timer is not None:
-                        self.handle.deleteTimer(table.timer)
+                if want != tab.timer:
+                    if tab.timer is not None:
+                        self.handle.deleteTimer(tab.timer)
                     if want is not None:
                         self.handle.registerTimer(want)
-                    table.timer, table.changed = want, True
-            if table.changed:
-                if table.keys or table.timer is not None:
-                    self.meta.update((table.meta(),))
+                    tab.timer, tab.changed = want, True
+            if tab.changed:
+                if tab.keys or tab.timer is not None:
+                    self.meta.update((tab.meta(),))
                 else:
                     self.meta.clear()
             if out is not None:
@@ -217,4 +238,4 @@ def key_processor(driver: Any, ttl: Optional[timedelta] = None) -> Any:
         def close(self) -> None:
             pass
 
-    return KeyProcessor()
+    return TieredProcessor()

@@ -19,6 +19,8 @@ from flowspark.spark.inputs import SparkSource
 from flowspark.spark.optimize import Env
 from flowspark.spark.outputs import SparkSink
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
+from flowspark.spark.streaming.chunklayout import CHUNK_KEYS
+from flowspark.spark.streaming.chunklayout import HOT_PER_BUCKET as CHUNK_HOT
 from flowspark.spark.streaming.keylayout import HOT_PER_BUCKET
 from flowspark.spark.streaming.routing import (
     needs_routing,
@@ -170,8 +172,8 @@ class Lowering:
 
     @property
     def tws(self) -> bool:
-        """Whether keyed stages use transformWithStateInPandas (chains, or the key layout)."""
-        return self.chained or self.layout == "key"
+        """Whether keyed stages use transformWithStateInPandas (chains, or the key or chunk layout)."""
+        return self.chained or self.layout != "bucket"
 
     def keyed_op(self) -> str:
         """The Spark operator every keyed stage lowers to, with its timeout mode.
@@ -180,7 +182,7 @@ class Lowering:
             The text.
         """
         if self.tws:
-            mode = "ProcessingTime" if self.timers or self.layout == "key" else "None"
+            mode = "ProcessingTime" if self.timers or self.layout != "bucket" else "None"
             # It needs the RocksDB state store: the run sets it on the session (said here, and in run_streaming).
             return (
                 f"transformWithStateInPandas(timeMode={mode}; the run sets the session's "
@@ -242,6 +244,14 @@ class Lowering:
         steps = [ks.step_id for ks in st.spec.chain]
         which = steps[0] if len(steps) == 1 else "step i of " + ", ".join(steps)
         timeout = "; the bucket's timeout is its earliest notify_at" if self.timers else "; no timers"
+        if self.layout == "chunk":
+            return (
+                f"layout 'chunk': entries (snapshots, notify_at, run), snapshots[i] = None or (snapshot of {which},); "
+                f"a bucket's row holds its last {CHUNK_HOT} touched keys' entries and which keys wait for a "
+                f"notification, the other keys sit in MapState chunks (crc32(key) % chunks, the count doubling past "
+                f"{CHUNK_KEYS} keys per chunk) read and rewritten only when one of their keys is touched{timeout}; "
+                "the bucket count is fixed for a checkpoint"
+            )
         if self.layout == "key":
             return (
                 f"layout 'key': entries (snapshots, notify_at, run), snapshots[i] = None or (snapshot of {which},); "

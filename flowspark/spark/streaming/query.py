@@ -201,11 +201,12 @@ class StreamingRun:
             driver.time_columns = self._time_columns.get(spec.stage_id, ())
             driver.time_zone = self.spark.conf.get("spark.sql.session.timeZone")
         out_schema = ROW_SCHEMA if driver.sink_rows is None else self._sink_struct
-        if self.layout == "key":
-            # Always processing time: Spark's TTL of the per-key rows (state_ttl) needs it, and
+        if self.layout in ("key", "chunk"):
+            # Always processing time: Spark's TTL of the MapState rows (state_ttl) needs it, and
             # a checkpoint's time mode cannot change between runs.
+            proc = driver.key_processor if self.layout == "key" else driver.chunk_processor
             return df.groupBy("bucket").transformWithStateInPandas(
-                driver.key_processor(self.state_ttl), out_schema, "Append", "ProcessingTime"
+                proc(self.state_ttl), out_schema, "Append", "ProcessingTime"
             )
         if not self.lowering.chained:
             return df.groupBy("bucket").applyInPandasWithState(

@@ -61,7 +61,8 @@ def run_streaming(
         state_layout: `"bucket"` (applyInPandasWithState, one state row per bucket: the
             fastest while the state is small) or `"key"` (transformWithStateInPandas with
             one state row per key: a micro-batch's cost follows the keys it touches, for
-            large state). Fixed for a checkpoint's lifetime; default the checkpoint's
+            large state) or `"chunk"` (as `"key"`, the cold keys in rows of many keys each:
+            large state, filled nearly as fast as buckets). Fixed for a checkpoint's lifetime; default the checkpoint's
             layout, `"bucket"` for a new one. See docs/streaming.md "State layouts".
         state_ttl: Drop a stateful step's state for a key when the key got no value at
             that step for this long (processing time: the micro-batch's, or `clock`),
@@ -126,8 +127,8 @@ def run_streaming(
     state_ttl = ttl_arg("flowspark.spark.run", state_ttl)
     chosen = rules_arg(rules)
     if state_layout is not None and state_layout not in LAYOUTS:
-        allowed = " or ".join(map(repr, LAYOUTS))
-        msg = f"flowspark.spark.run: state_layout must be {allowed}; received {state_layout!r}"
+        allowed = ", ".join(map(repr, LAYOUTS))
+        msg = f"flowspark.spark.run: state_layout must be one of {allowed}; received {state_layout!r}"
         raise FlowsparkTypeError(msg)
     from flowspark.spark.session import ensure_workers, ship_user_modules, streaming_carry
 

@@ -7,7 +7,7 @@ A key's state is its *entry* `(snapshots of the chain's logics, notify_at)`.
 fires the notifications due at the micro-batch's time, snapshots the logics back,
 and sets the bucket's timer to its earliest `notify_at`.
 
-Two state layouts (`LAYOUTS`, chosen per checkpoint):
+Three state layouts (`LAYOUTS`, chosen per checkpoint):
 
 - `"bucket"`: `applyInPandasWithState` (`transformWithStateInPandas` with one
   `ValueState` for chains); the bucket's state is one row, the pickled
@@ -21,6 +21,10 @@ Two state layouts (`LAYOUTS`, chosen per checkpoint):
   notification. A micro-batch's cost follows the keys it touches: keys of the hot
   tier cost no per-key state call, others two state-store round trips. The layout's
   table and processor are in `flowspark.spark.streaming.keylayout`.
+- `"chunk"`: as `"key"`, but the cold keys sit in `MapState` rows of many keys each
+  (chunks by a hash of the key, their count doubling as the bucket grows): a micro-batch
+  reads and rewrites only the chunks of the cold keys it touches, once each
+  (`flowspark.spark.streaming.chunklayout`).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.columns import ID_COLUMN
 from flowspark.spark.ops import stage_streams, through
 from flowspark.spark.plan import StageSpec
+from flowspark.spark.streaming.chunklayout import ChunkTable, chunk_processor
 from flowspark.spark.streaming.keylayout import KeyTable, dump_state, key_processor
 from flowspark.spark.streaming.routing import Route, forward_frame
 from flowspark.spark.times import aware_times
@@ -71,7 +76,9 @@ STATE_SCHEMA = "blob binary"
 FILE_COLUMN = "__flowspark_file"
 ROW_COLUMN = "__flowspark_row"
 #: State layouts: see the module docstring.
-LAYOUTS = ("bucket", "key")
+LAYOUTS = ("bucket", "key", "chunk")
+#: The tables of the layouts with a hot tier and a bookkeeping row per bucket (`pending` keys).
+_TIERED = (KeyTable, ChunkTable)
 _key_seq = operator.itemgetter(0, 1)
 
 
@@ -132,6 +139,8 @@ class LatestCounts:
 
 def _pending(table: Any) -> Iterator[tuple[str, datetime]]:
     """`(key, notify_at)` of the keys of a bucket waiting for a notification."""
+    if isinstance(table, ChunkTable):
+        return iter(list(table.pending_at().items()))
     if isinstance(table, KeyTable):
         return iter(list(table.pending.items()))
     return ((k, e[1]) for k, e in table.items() if e[1] is not None)
@@ -296,7 +305,7 @@ class BucketDriver:
         """Process one bucket's rows of a micro-batch and its due notifications.
 
         Args:
-            table: The bucket's state (`{key: (snaps, notify_at)}` or a `KeyTable`), updated in place.
+            table: The bucket's state (`{key: (snaps, notify_at)}`, a `KeyTable` or a `ChunkTable`), updated in place.
             rows: `(key, sequence, pickled (key, value))` rows, in any order.
             now: The time of the micro-batch.
 
@@ -338,7 +347,10 @@ class BucketDriver:
                 )
                 out.extend([(s, (key, w)) for s, w in emits])
                 self._store(table, key, logics, self._times(snaps, now, fed) if ttl else None)
-        due = sorted((at, key) for key, at in _pending(table) if at <= now)
+        if isinstance(table, ChunkTable):
+            due = table.due(now)
+        else:
+            due = sorted((at, key) for key, at in _pending(table) if at <= now)
         for rank, (_at, key) in enumerate(due):
             self._fire(table, key, rank, now, out)
         return out
@@ -384,8 +396,8 @@ class BucketDriver:
 
     def _sweep(self, table: Any, now: datetime) -> None:
         """Drop the keys whose every step's state outlived the TTL (of the bucket's dict, or of its hot tier)."""
-        ents = table.hot if isinstance(table, KeyTable) else table
-        dead = [k for k, e in ents.items() if self.expired(e[0] if isinstance(table, KeyTable) else e, now)]
+        ents = table.hot_entries() if isinstance(table, _TIERED) else table
+        dead = [k for k, e in ents.items() if self.expired(e, now)]
         for key in dead:
             table.pop(key, None)
 
@@ -447,7 +459,7 @@ class BucketDriver:
     def report(self, bucket: Any, table: Any) -> None:
         """Report the bucket's counts after a call (see `counts`)."""
         if self.counts is not None and not (self.route is not None and bucket == self.forward_group):
-            pending = len(table.pending) if isinstance(table, KeyTable) else sum(1 for _ in _pending(table))
+            pending = len(table.pending) if isinstance(table, _TIERED) else sum(1 for _ in _pending(table))
             self.counts.add({f"{self.spec.stage_id}:{bucket}": (len(table), pending)})
 
     def timeout_ms(self, table: Any, now: datetime) -> Optional[int]:
@@ -460,7 +472,11 @@ class BucketDriver:
         Returns:
             Milliseconds (at least 1), or `None` when no key waits for a notification.
         """
-        ats = [at for _key, at in _pending(table)]
+        if isinstance(table, ChunkTable):
+            first = table.earliest()
+            ats = [] if first is None else [first]
+        else:
+            ats = [at for _key, at in _pending(table)]
         if not ats:
             return None
         if self.clock is not None:
@@ -472,7 +488,7 @@ class BucketDriver:
 
         Args:
             table: The bucket's state: its `{key: entry}` dict (layout "bucket") or
-                its `KeyTable` (layout "key"), updated in place.
+                its `KeyTable` (layout "key") or `ChunkTable` (layout "chunk"), updated in place.
             pdfs: pandas DataFrames of `(k, seq, v)` rows (`(p, k, seq, v)` when routed).
             now: The time of the micro-batch.
             bucket: The group's bucket value.
@@ -666,6 +682,17 @@ class BucketDriver:
             The processor.
         """
         return key_processor(self, ttl)
+
+    def chunk_processor(self, ttl: Optional[timedelta] = None) -> Any:
+        """Build the `StatefulProcessor` of the chunk layout (`flowspark.spark.streaming.chunklayout.chunk_processor`).
+
+        Args:
+            ttl: The run's `state_ttl` (also Spark's TTL of the chunk rows).
+
+        Returns:
+            The processor.
+        """
+        return chunk_processor(self, ttl)
 
 
 def _load(blob: Optional[bytes]) -> dict[str, Any]:

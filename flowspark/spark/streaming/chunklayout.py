@@ -1,0 +1,228 @@
+"""The chunk layout of a streaming query's keyed state: a hot tier, and cold keys in chunks of many keys.
+
+Like the key layout (`flowspark.spark.streaming.keylayout`), a bucket of keys has one
+bookkeeping row (the keys waiting for a notification, the registered timer, and the
+entries of the bucket's last `HOT_PER_BUCKET` touched keys: the hot tier). The other
+keys sit in `MapState` rows holding many keys each: a key's chunk is
+`crc32(key) % chunks`, the bucket's chunk count doubling whenever its cold keys pass
+`CHUNK_KEYS` per chunk on average. A micro-batch reads and rewrites only the chunks of
+the cold keys it touches (and of the keys leaving the hot tier), once per chunk and
+call: a stream of new keys costs a few state calls per chunk, not two per key, and a
+micro-batch over hot keys costs no chunk call at all. `ChunkTable` is the bucket's
+table, driven by the stage's one `BucketDriver`; `chunk_processor` its processor.
+"""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import zlib
+from datetime import datetime, timedelta, timezone
+from typing import Any, Optional
+
+from flowspark.spark.streaming.keylayout import dump_state, tiered_processor
+
+__all__ = ["CHUNKS", "CHUNK_KEYS", "HOT_PER_BUCKET", "ChunkTable", "chunk_of", "chunk_processor"]
+
+#: The most keys of a bucket kept in its bookkeeping row (the hot tier).
+HOT_PER_BUCKET = 1024
+#: Cold keys per chunk, on average, past which a bucket's chunk count doubles.
+CHUNK_KEYS = 512
+#: Name and schemas of the chunks' MapState (chunk number -> pickled `{key: entry}`).
+CHUNKS = ("chunks", "c int", "chunk binary")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_US = timedelta(microseconds=1)
+
+
+def chunk_of(key: str, chunks: int) -> int:
+    """The chunk of a key among `chunks` (CRC-32 of its UTF-8 bytes: the same in every process).
+
+    With twice the chunks, a key of chunk `c` goes to `c` or `c + chunks`: a chunk splits in two.
+    """
+    return zlib.crc32(key.encode("utf-8", "surrogatepass")) % chunks
+
+
+class ChunkTable:
+    """A bucket's state in the chunk layout: a hot tier in the bucket's row, the cold keys in chunks.
+
+    Behaves like the bucket layout's `{key: entry}` dict for what `BucketDriver.process`
+    does with it (`get`, item assignment, `pop`). A key lives in one place: the hot tier
+    (the last `hot_cap` keys touched, most recent last) or its chunk. A touched cold key
+    moves to the hot tier; at `flush` the least recent keys beyond `hot_cap` move to their
+    chunks. Each chunk is read at most once per call and written once when it changed.
+    The keys waiting for a notification are kept as integers (µs since the epoch): a
+    bucket with many pending keys loads, stores and scans them in C (`due`, `earliest`),
+    not as one `datetime` object each.
+
+    Args:
+        chunks: The stage's `MapState` (`chunk number -> pickled {key: entry}`).
+        meta: The bucket's bookkeeping (pickled `{"pending": {key: notify_at in µs since the epoch}, "timer":
+            registered timer in ms or None, "hot": {key: entry}, "n": chunk count,
+            "sizes": {chunk: keys stored in it}}`), or `None`.
+        hot_cap: The most keys of the hot tier.
+        chunk_keys: Cold keys per chunk (on average) past which the chunk count doubles.
+    """
+
+    def __init__(
+        self, chunks: Any, meta: Optional[bytes], hot_cap: int = HOT_PER_BUCKET, chunk_keys: int = CHUNK_KEYS
+    ) -> None:
+        """Load the bucket's bookkeeping."""
+        m = pickle.loads(meta) if meta is not None else {}  # noqa: S301 - our own state
+        self.chunks = chunks
+        self.hot_cap = hot_cap
+        self.chunk_keys = chunk_keys
+        self.pending: dict[str, int] = m.get("pending", {})
+        self.timer: Optional[int] = m.get("timer")
+        self.hot: dict[str, Any] = m.get("hot", {})
+        self.n: int = m.get("n", 1)
+        self.sizes: dict[int, int] = m.get("sizes", {})
+        self.changed = meta is None  # whether the bookkeeping must be written back
+        self._seen: dict[str, Any] = {}  # keys set or dropped by this call (None: dropped)
+        self._loaded: dict[int, dict[str, Any]] = {}
+        self._dirty: set[int] = set()
+
+    @property
+    def keys(self) -> int:
+        """The number of keys of the bucket (as of the last `flush`)."""
+        return len(self.hot) + sum(self.sizes.values())
+
+    def __len__(self) -> int:
+        """The number of keys of the bucket (as of the last `flush`)."""
+        return self.keys
+
+    def hot_entries(self) -> dict[str, Any]:
+        """The entries of the hot tier (the state TTL's sweep looks at these only)."""
+        return self.hot
+
+    def _chunk(self, cid: int) -> dict[str, Any]:
+        """Chunk `cid`'s `{key: entry}`, read once per call (a chunk Spark's TTL removed is empty)."""
+        chunk = self._loaded.get(cid)
+        if chunk is None:
+            chunk = {}
+            if self.sizes.get(cid):
+                row = self.chunks.getValue((cid,))
+                if row is not None:
+                    chunk = pickle.loads(row[0])  # noqa: S301 - our own state
+                else:  # every key of it outlived the state TTL: Spark dropped the row unread
+                    del self.sizes[cid]
+                    self.changed = True
+            self._loaded[cid] = chunk
+        return chunk
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The key's entry, or `default` when it has none."""
+        if key in self._seen:
+            ent = self._seen[key]
+        else:
+            ent = self.hot.get(key)
+            if ent is None:
+                ent = self._chunk(chunk_of(key, self.n)).get(key)
+        return default if ent is None else ent
+
+    def __setitem__(self, key: str, ent: Any) -> None:
+        """Set the key's entry (stored at `flush`)."""
+        self._seen[key] = ent
+        self._track(key, ent[1])
+
+    def pop(self, key: str, default: Any = None) -> Any:
+        """Drop the key's entry (at `flush`); return it or `default`."""
+        old = self.get(key)
+        self._seen[key] = None
+        self._track(key, None)
+        return default if old is None else old
+
+    def _track(self, key: str, at: Optional[datetime]) -> None:
+        if at is None:
+            self.pending.pop(key, None)
+        else:
+            self.pending[key] = (at - _EPOCH) // _US
+
+    def earliest(self) -> Optional[datetime]:
+        """The earliest `notify_at` of the bucket's keys, or `None`."""
+        return _EPOCH + min(self.pending.values()) * _US if self.pending else None
+
+    def due(self, now: datetime) -> list[tuple[datetime, str]]:
+        """`(notify_at, key)` of the keys due at `now`, in time order (then key)."""
+        if not self.pending:
+            return []
+        limit = (now - _EPOCH) // _US
+        if min(self.pending.values()) > limit:
+            return []
+        return sorted((_EPOCH + at * _US, key) for key, at in self.pending.items() if at <= limit)
+
+    def pending_at(self) -> dict[str, datetime]:
+        """`{key: notify_at}` of the keys waiting for a notification."""
+        return {key: _EPOCH + at * _US for key, at in self.pending.items()}
+
+    def flush(self) -> None:
+        """Store this call's keys in the hot tier, move the least recent beyond `hot_cap` to chunks, write chunks."""
+        if not self._seen:
+            return
+        self.changed = True
+        hot = self.hot
+        for key, ent in self._seen.items():
+            if hot.pop(key, None) is None:
+                cid = chunk_of(key, self.n)
+                chunk = self._chunk(cid) if self.sizes.get(cid) else None
+                if chunk is not None and chunk.pop(key, None) is not None:
+                    self._dirty.add(cid)
+            if ent is not None:
+                hot[key] = ent
+        self._seen.clear()
+        extra = len(hot) - self.hot_cap
+        if extra > 0:
+            for key in list(itertools.islice(hot, extra)):
+                cid = chunk_of(key, self.n)
+                self._chunk(cid)[key] = hot.pop(key)
+                self._dirty.add(cid)
+        for cid in self._dirty:
+            self.sizes[cid] = len(self._loaded[cid])
+        while sum(self.sizes.values()) > self.n * self.chunk_keys:
+            self._double()
+        for cid in sorted(self._dirty):
+            chunk = self._loaded[cid]
+            if chunk:
+                self.chunks.updateValue((cid,), (dump_state(chunk),))
+            else:
+                self.chunks.removeKey((cid,))
+                self.sizes.pop(cid, None)
+        self._dirty.clear()
+
+    def _double(self) -> None:
+        """Split every chunk in two (the chunk count doubles): chunk `c`'s keys go to `c` or `c + n`."""
+        n, n2 = self.n, 2 * self.n
+        for cid in range(n):
+            chunk = self._chunk(cid)
+            if not chunk:
+                continue
+            moved = {k: e for k, e in chunk.items() if chunk_of(k, n2) != cid}
+            if not moved:
+                continue
+            for k in moved:
+                del chunk[k]
+            self._loaded[cid + n] = moved
+            self._dirty.update((cid, cid + n))
+            self.sizes[cid] = len(chunk)
+            self.sizes[cid + n] = len(moved)
+        self.n = n2
+
+    def meta(self) -> bytes:
+        """The bucket's bookkeeping, to store."""
+        sizes = {c: s for c, s in self.sizes.items() if s}
+        return dump_state({"pending": self.pending, "timer": self.timer, "hot": self.hot, "n": self.n, "sizes": sizes})
+
+
+def chunk_processor(driver: Any, ttl: Optional[timedelta] = None) -> Any:
+    """Build the `StatefulProcessor` of the chunk layout (`transformWithStateInPandas`, see `ChunkTable`).
+
+    Args:
+        driver: The stage's `flowspark.spark.streaming.state.BucketDriver`.
+        ttl: The run's `state_ttl`, also Spark's TTL of the chunk rows: a chunk is written
+            whenever a key enters it, after that key's last value, so a chunk unwritten for the
+            TTL holds only expired keys and leaves the state store without being read.
+
+    Returns:
+        The processor.
+    """
+    hot_cap, chunk_keys = HOT_PER_BUCKET, CHUNK_KEYS  # read now: the workers get the values
+    return tiered_processor(driver, ttl, CHUNKS, lambda rows, meta: ChunkTable(rows, meta, hot_cap, chunk_keys))

@@ -1,0 +1,105 @@
+"""The chunk layout's table behaves as the bucket layout's `{key: entry}` dict, over any sequence of calls."""
+
+from __future__ import annotations
+
+import pickle
+import random
+from datetime import datetime, timedelta, timezone
+from typing import Any, Optional
+
+import pytest
+
+from flowspark.spark.streaming.chunklayout import ChunkTable, chunk_of
+
+
+class FakeMapState:
+    """Spark's MapState as the table uses it: one value tuple per key, counting state calls."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, bytes] = {}
+        self.calls = 0
+
+    def getValue(self, key: tuple[int]) -> Optional[tuple[bytes]]:  # noqa: N802 - Spark's name
+        self.calls += 1
+        return (self.rows[key[0]],) if key[0] in self.rows else None
+
+    def updateValue(self, key: tuple[int], value: tuple[bytes]) -> None:  # noqa: N802
+        self.calls += 1
+        self.rows[key[0]] = value[0]
+
+    def removeKey(self, key: tuple[int]) -> None:  # noqa: N802
+        self.calls += 1
+        self.rows.pop(key[0], None)
+
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def _entry(n: int, at: Any = None) -> tuple[Any, Any, bytes]:
+    return ([(n,)], at, b"run")
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_calls_match_a_dict_and_chunks_split(seed):
+    rng = random.Random(seed)
+    ms, meta, ref = FakeMapState(), None, {}
+    for call in range(150):
+        table = ChunkTable(ms, meta, hot_cap=4, chunk_keys=3)
+        for _ in range(rng.randint(0, 25)):
+            key = f"k{rng.randint(0, 250)}"
+            assert table.get(key) == ref.get(key)
+            if rng.random() < 0.2:
+                assert table.pop(key, None) == ref.pop(key, None)
+            else:
+                at = T0 + timedelta(seconds=rng.randint(0, 300)) if rng.random() < 0.3 else None
+                ref[key] = table[key] = _entry(call, at)
+        table.flush()
+        meta = table.meta()
+        assert table.keys == len(table) == len(ref)
+        assert table.pending_at() == {k: e[1] for k, e in ref.items() if e[1] is not None}
+        now = T0 + timedelta(seconds=150)
+        assert table.due(now) == sorted((e[1], k) for k, e in ref.items() if e[1] is not None and e[1] <= now)
+        ats = [e[1] for e in ref.values() if e[1] is not None]
+        assert table.earliest() == (min(ats) if ats else None)
+    final = ChunkTable(ms, meta, hot_cap=4, chunk_keys=3)
+    assert {k: final.get(k) for k in ref} == ref
+    # The cold keys sit in the chunk their hash names; the chunk count doubled to keep chunks small.
+    assert final.n >= len(ref) / 3 / 2
+    for cid, blob in ms.rows.items():
+        assert all(chunk_of(k, final.n) == cid for k in pickle.loads(blob))
+    assert len(final.hot) == 4
+
+
+def test_a_call_over_hot_keys_makes_no_chunk_call():
+    ms = FakeMapState()
+    table = ChunkTable(ms, None, hot_cap=3, chunk_keys=2)
+    for i in range(20):
+        table[f"k{i}"] = _entry(i)
+    table.flush()
+    before = ms.calls
+    table = ChunkTable(ms, table.meta(), hot_cap=3, chunk_keys=2)
+    for key in ("k17", "k18", "k19"):
+        table[key] = _entry(table.get(key)[0][0][0] + 1)
+    table.flush()
+    assert ms.calls == before
+    # A cold key costs one read and one write of its chunk (it moves to the hot tier, another leaves).
+    table = ChunkTable(ms, table.meta(), hot_cap=3, chunk_keys=2)
+    assert table.get("k0") == _entry(0)
+    table["k0"] = _entry(5)
+    table.flush()
+    assert ms.calls - before <= 4
+
+
+def test_a_chunk_spark_dropped_by_ttl_leaves_the_count():
+    ms = FakeMapState()
+    table = ChunkTable(ms, None, hot_cap=1, chunk_keys=100)
+    for i in range(5):
+        table[f"k{i}"] = _entry(i)
+    table.flush()
+    assert table.keys == 5
+    ms.rows.clear()  # what Spark's TTL does to rows unwritten for the TTL
+    table = ChunkTable(ms, table.meta(), hot_cap=1, chunk_keys=100)
+    assert table.get("k0") is None
+    assert table.get("k4") == _entry(4)  # the hot tier is the bookkeeping row's
+    table.flush()
+    assert table.keys == 1
