@@ -79,7 +79,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     Args:
         parser: The sub-command's parser.
     """
-    from flowspark._args import conf_pair, positive_int, trigger_arg
+    from flowspark._args import conf_pair, positive_int, trigger_arg, ttl_seconds
 
     parser.add_argument("--master", required=True, metavar="URL", help="Spark master, e.g. spark://HOST:7077")
     parser.add_argument(
@@ -106,6 +106,17 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, metavar="SECS", help="streaming: stop after SECS seconds")
     parser.add_argument(
         "--buckets", type=positive_int, metavar="B", help="streaming: state buckets (passed to the driver)"
+    )
+    parser.add_argument(
+        "--state-layout",
+        choices=["bucket", "key", "chunk"],
+        help="streaming: state layout of a new checkpoint (passed to the driver; see docs/streaming.md)",
+    )
+    parser.add_argument(
+        "--state-ttl",
+        type=ttl_seconds,
+        metavar="SECS",
+        help="drop a stateful step's state for a key that got no value for SECS seconds (passed to the driver)",
     )
     parser.add_argument(
         "--work-dir", metavar="DIR", help="where to write the zip, driver and log (default: a new temp dir)"
@@ -255,6 +266,15 @@ def submit(args: argparse.Namespace) -> int:
     plan = compile_flow(flow.validate())
     if plan.bounded:
         check_bounded(plan)
+        streaming = {"--checkpoint": args.checkpoint, "--trigger": args.trigger, "--timeout": args.timeout}
+        streaming.update({"--buckets": args.buckets, "--state-layout": args.state_layout})
+        given = [flag for flag, value in streaming.items() if value is not None]
+        if given:
+            msg = (
+                f"{'/'.join(given)} apply to flows with an unbounded source; every source of "
+                f"{flow.flow_id!r} is bounded, so it runs as a Spark batch job: drop {' '.join(given)}"
+            )
+            raise SubmitError(msg)
     else:
         compile_streaming(plan)
     exe = spark_submit_path()
@@ -279,6 +299,10 @@ def submit(args: argparse.Namespace) -> int:
         driver_argv += ["--timeout", str(args.timeout)]
     if args.buckets is not None:
         driver_argv += ["--buckets", str(args.buckets)]
+    if args.state_layout is not None:
+        driver_argv += ["--state-layout", args.state_layout]
+    if args.state_ttl is not None:
+        driver_argv += ["--state-ttl", repr(args.state_ttl.total_seconds())]
     driver = work / "flowspark_driver.py"
     driver.write_text(_DRIVER.format(argv=driver_argv))
     alias = _archive_alias(args.archives)

@@ -609,3 +609,30 @@ def test_run_dead_letter_option_in_memory(project):
         ("p.check.flat_map_batch", "ValueError", "no boom", "'boom'")
     ]
     assert "1 item(s) went to the dead letter" in res.stderr
+
+
+def test_submit_passes_the_streaming_state_options_to_the_driver(tmp_path):
+    (tmp_path / "tickflow.py").write_text(UNBOUNDED)
+    work = tmp_path / "work"
+    args = ["submit", "tickflow.py:keyed", "--master", "spark://10.0.0.1:7077", "--work-dir", str(work), "--dry-run"]
+    args += ["--checkpoint", "ck", "--state-layout", "chunk", "--state-ttl", "90", "--buckets", "8"]
+    res = _cli(tmp_path, *args)
+    assert res.returncode == 0, res.stderr
+    driver = (work / "flowspark_driver.py").read_text()
+    argv = driver[driver.index("['run'") :].split("\n")[0]
+    assert "'--state-layout', 'chunk'" in argv
+    assert "'--state-ttl', '90.0'" in argv
+    assert "'--buckets', '8'" in argv
+    assert f"'--checkpoint', {str(tmp_path / 'ck')!r}" in argv
+
+
+def test_submit_refuses_streaming_options_for_a_bounded_flow(project):
+    cwd, pkg = project
+    args = ["submit", f"{pkg}/flows.py", "--master", "local", "--state-layout", "chunk", "--buckets", "4", "--dry-run"]
+    line = _one_error_line(_cli(cwd, *args))
+    assert "--buckets/--state-layout apply to flows with an unbounded source" in line
+    assert "'wc' is bounded" in line
+    assert "drop --buckets --state-layout" in line
+    res = _cli(cwd, "submit", f"{pkg}/flows.py", "--master", "local", "--state-layout", "row")
+    assert res.returncode == 2
+    assert "argument --state-layout: invalid choice: 'row'" in res.stderr
