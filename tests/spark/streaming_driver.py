@@ -44,6 +44,9 @@ def main() -> None:
         trigger = None if continuous else "available_now"
         dead = os.environ.get("FLOWSPARK_TEST_DEAD_LETTER")
         extra = {"dead_letter": dead} if dead else {}
+        layout = os.environ.get("FLOWSPARK_TEST_STATE_LAYOUT")
+        if layout:
+            extra["state_layout"] = layout
         run(build(root, out_dir), spark=spark, checkpoint=chk, trigger=trigger, max_items=100, **extra)
     except KeyboardInterrupt:
         print("DRIVER INTERRUPTED", flush=True)

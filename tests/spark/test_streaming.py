@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -342,8 +343,13 @@ def _restart_and_read(spark, root: str, chk: str, out: str) -> list:
 
 
 @pytest.mark.slow
-def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path):
-    """Kill -9 the driver mid-stream, restart from the checkpoint: file-sink output equals an uninterrupted run."""
+@pytest.mark.parametrize("layout", ["bucket", "key", "chunk"])
+def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path, layout):
+    """Kill -9 the driver mid-stream, restart from the checkpoint: file-sink output equals an uninterrupted run.
+
+    The killed run uses `layout`; the uninterrupted one the default, and the restart (no
+    `state_layout`) the layout its checkpoint recorded.
+    """
     import os
     import signal
     import subprocess
@@ -351,7 +357,8 @@ def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path):
     root, want = _driver_input(spark, tmp_path, 3, 7)
     # The killed run: a driver process killed with SIGKILL once some micro-batches are committed.
     chk, out = str(tmp_path / "chk"), str(tmp_path / "out")
-    proc = _start_driver(root, chk, out, stderr=subprocess.DEVNULL, start_new_session=True)
+    env = {**os.environ, "FLOWSPARK_TEST_STATE_LAYOUT": layout}
+    proc = _start_driver(root, chk, out, stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     killed = _wait_for_commits(proc, chk, 3)
     if killed:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -365,6 +372,8 @@ def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path):
     for u, n in got:
         finals[u] = max(finals.get(u, 0), n)
     assert sum(finals.values()) == 1200
+    with open(os.path.join(chk, "flowspark.json")) as f:
+        assert json.load(f)["state_layout"] == layout
 
 
 @pytest.mark.slow
