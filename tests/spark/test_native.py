@@ -20,7 +20,7 @@ import flowspark.operators as op
 from flowspark import reducers
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError
-from flowspark.spark import SparkSource, compile_flow, run
+from flowspark.spark import SparkSink, SparkSource, compile_flow, run
 from flowspark.spark.tools import physical_plans
 from flowspark.testing import TestingSink, TestingSource, run_main
 
@@ -132,9 +132,82 @@ def test_sums_beyond_64_bits_stay_python_ints(spark, tmp_path):
         {"user": "b", "amount": -(2**63), "name": "y", "price": 1.5}
     ] * 3
     path = _parquet(spark, tmp_path, rows)
-    native, _text = _on_spark(spark, _flow, path, "all")
+    native, text = _on_spark(spark, _flow, path, "all")
+    assert text.count("rule long_sums: applied") == 2  # total, fold_sum: LONG sums that overflow, then decimals
     assert native["total"] == {"a": ("int", 4 * (2**63 - 1)), "b": ("int", -3 * 2**63)}
     assert native == _in_memory(_flow, rows)
+    decimals, text = _on_spark(spark, _flow, path, "-long_sums")
+    assert "rule long_sums: not applied (switched off: rules='-long_sums')" in text
+    assert decimals == native
+
+
+def test_a_sum_back_within_64_bits_after_an_overflow_is_exact(spark, tmp_path):
+    """A LONG sum that leaves 64 bits on the way (Spark adds in any order) is computed again as a decimal."""
+    rows = [{"user": "a", "amount": a, "name": "x", "price": 1.5} for a in (2**63 - 1, 2**63 - 1, -(2**63), 5)]
+    path = _parquet(spark, tmp_path, rows)
+    got, _text = _on_spark(spark, _amount_sum, path, "all")
+    assert got["total"] == {"a": ("int", 2**63 - 1 - 1 + 5)}
+    assert got == _in_memory(_amount_sum, rows)
+
+
+def _big(r):
+    return r["amount"] > 2
+
+
+def _as_row(kv):
+    if kv[0] == "boom":
+        raise ValueError(kv)
+    return {"user": kv[0], "n": kv[1]}
+
+
+def _rows_flow(src: Any, out: str) -> Dataflow:
+    """A count per user, filtered, as rows of a parquet SparkSink without a schema (inferred from 100 items)."""
+    flow = Dataflow("sampled")
+    counts = op.count_final("count", op.input("inp", flow, src), _user)
+    big = op.filter("big", counts, lambda kv: kv[1] > 2)
+    op.output("out", op.map("row", big, _as_row), SparkSink("parquet", out))
+    return flow
+
+
+@pytest.mark.parametrize("few", [False, True])
+def test_a_sink_without_schema_infers_it_from_the_aggregated_rows(spark, tmp_path, few):
+    """The check job's first rows give the sample; when too few pass the filter, the sampling job runs."""
+    n = 3 if few else 4  # few: most users are counted 3 times and filtered out
+    rows = [{"user": f"u{i:03d}", "amount": i, "name": "x", "price": 1.5} for i in range(600) for _ in range(n)]
+    rows += [{"user": f"z{i}", "amount": 0, "name": "x", "price": 1.5} for i in range(5) for _ in range(4)]
+    path = _parquet(spark, tmp_path, rows)
+    expected: list[Any] = []
+    run_main(_map_to_list(rows, expected))
+    for rules in ("all", "none"):
+        out = str(tmp_path / f"out-{rules}")
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            run(_rows_flow(SparkSource("parquet", path), out), spark=spark, rules=rules, explain=True)
+        if rules == "all":
+            assert "rule aggregate_sample: applied" in text.getvalue()
+        got = sorted((r.user, r.n) for r in spark.read.parquet(out).collect())
+        assert got == sorted((x["user"], x["n"]) for x in expected)
+        assert spark.read.parquet(out).schema == spark.createDataFrame(expected[:100]).schema
+
+
+def _map_to_list(rows: list[dict[str, Any]], out: list[Any]) -> Dataflow:
+    flow = Dataflow("sampled")
+    counts = op.count_final("count", op.input("inp", flow, TestingSource(rows)), _user)
+    big = op.filter("big", counts, lambda kv: kv[1] > 2)
+    op.output("out", op.map("row", big, _as_row), TestingSink(out))
+    return flow
+
+
+def test_a_step_failing_on_the_sampled_rows_names_the_step(spark, tmp_path):
+    rows = [{"user": u, "amount": 1, "name": "x", "price": 1.5} for u in ("a", "boom", "c") for _ in range(3)]
+    path = _parquet(spark, tmp_path, rows)
+    expected = _error(lambda: run_main(_map_to_list(rows, [])))
+    assert "sampled.row" in expected
+    for rules in ("all", "none"):
+        out = str(tmp_path / f"out-{rules}")
+        assert _error(
+            lambda o=out, r=rules: run(_rows_flow(SparkSource("parquet", path), o), spark=spark, rules=r)
+        ) == (expected)
 
 
 def _sum_flow(flow_id: str, step: str, value: Callable[[Any], Any]) -> Callable[[Any, dict[str, list[Any]]], Dataflow]:
