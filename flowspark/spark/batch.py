@@ -38,7 +38,7 @@ from flowspark.spark.columns import (
 )
 from flowspark.spark.describe import describe_stage
 from flowspark.spark.inputs import load_rows
-from flowspark.spark.native import Aggregates, python_pass, sample_first_rows
+from flowspark.spark.native import Aggregates, pair_rows, python_pass, sample_first_rows
 from flowspark.spark.optimize import Env, optimize
 from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
@@ -369,9 +369,14 @@ class _Job:
                 return
             schema = infer_schema(self.spark, sk.step_id, sample)
         rows_schema = row_schema(self.spark, sk.step_id, schema)
-        if fused:
+        stage = sk.port[0]
+        native = "native_rows" in sk.modes and pair_rows(
+            self.plan.stages[stage], self.inputs[stage][0], rows_schema.struct
+        )
+        if native:
+            rows = native  # the aggregate's columns, renamed: no Python pass
+        elif fused:
             # One pass: the stage itself emits the sink's rows as typed columns.
-            stage = sk.port[0]
             inp, column_key = self.inputs[stage]
             fn = stage_function(
                 self.plan.stages[stage].spec, self.now, column_key=column_key, sink=(sk.step_id, rows_schema)

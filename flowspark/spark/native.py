@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional
 
 from flowspark.spark.plan import Aggregate, Plan, StagePlan
 
-__all__ = ["SAMPLE_ROWS", "Aggregates", "describe_aggregate", "python_pass", "sample_first_rows"]
+__all__ = ["SAMPLE_ROWS", "Aggregates", "describe_aggregate", "pair_rows", "python_pass", "sample_first_rows"]
 
 _log = logging.getLogger("flowspark.spark")
 #: Rows of each partition of an aggregate the check job keeps for `aggregate_sample` (a sink infers from 100 items).
@@ -118,6 +118,32 @@ def sample_first_rows(
         if more:
             return None
     return got
+
+
+def pair_rows(st: StagePlan, inp: Any, struct: Any) -> Optional[Any]:
+    """The sink's rows of an aggregated stage whose map makes `{name: key, name: value}` (the rule `native_rows`).
+
+    Args:
+        st: The stage (its one map carries `Op.pair_row`).
+        inp: Its `(k, v)` input, one row per key.
+        struct: The sink's row schema (`StructType`).
+
+    Returns:
+        `inp` with its columns renamed in the schema's order, or `None` when the schema's columns
+        are not those two names or a column's type is not the aggregate's (the map's Python pass
+        then converts each item, as without the rule).
+    """
+    if st.spec.native is None:  # it fell back to its Python pass
+        return None
+    fields = next(o.pair_row for o in st.spec.ops if o.kind == "map")
+    assert fields is not None
+    names = struct.fieldNames()
+    if sorted(names) != sorted(fields):
+        return None
+    types = {fields[0]: inp.schema["k"].dataType, fields[1]: inp.schema["v"].dataType}
+    if any(struct[n].dataType != types[n] for n in names):
+        return None
+    return inp.select(*[_col("k" if n == fields[0] else "v").alias(n) for n in names])
 
 
 class Aggregates:

@@ -313,6 +313,22 @@ def _check_aggregate_sample(w: _Work, step: str) -> Optional[str]:
     return None
 
 
+def _check_native_rows(w: _Work, step: str) -> Optional[str]:
+    if not w.applied("sink_fusion", f"sink {step}"):
+        return "sink_fusion did not apply"
+    sid = w.sinks[step].port[0]
+    if not w.applied("native_reduction", f"stage {sid}"):
+        return f"stage {sid} is not a Spark aggregate (native_reduction)"
+    spec = w.spec(sid)
+    maps = [o for o in spec.ops if o.kind != "pass"]
+    if spec.one_to_one_mappers() is None or len(maps) != 1 or maps[0].pair_row is None:
+        return (
+            "the stage's steps after the reduction are not one map proven to make {name: key, name: value} "
+            "(lambda kv: {'user': kv[0], 'n': kv[1]})"
+        )
+    return None
+
+
 def _check_spark_keys(w: _Work, sid: int) -> Optional[str]:
     if w.applied("native_reduction", f"stage {sid}"):
         return "Spark aggregates the stage (native_reduction)"
@@ -637,6 +653,17 @@ RULES: tuple[Rule, ...] = (
         "the stage feeding a SparkSink emits the sink's typed rows itself (no pass converting pickled items)",
         _check_fusion,
         _sink_mode("sink_fusion"),
+    ),
+    Rule(
+        "native_rows",
+        "sink",
+        _BATCH,
+        False,
+        "a SparkSink whose stage Spark aggregates and then maps each (key, result) to a dict of two names, "
+        "proven, gets the aggregate's columns renamed (a select, no Python pass) when their Spark types are "
+        "the sink's column types",
+        _check_native_rows,
+        _sink_mode("native_rows"),
     ),
     Rule(
         "mapper_line",

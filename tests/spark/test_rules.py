@@ -100,7 +100,7 @@ def _v(r):
 
 
 def _total_row(kv):
-    return {"user": kv[0], "n": kv[1], "seen": "total"}
+    return {"user": kv[0], "n": kv[1]}
 
 
 def _aggregated(src: Any, out: Any) -> Dataflow:
@@ -173,6 +173,7 @@ CASES = [
     ("native_reduction", "stage 1", "reduce"),
     ("long_sums", "stage 1", "aggregated"),
     ("aggregate_sample", "sink aggregated.out", "aggregated"),
+    ("native_rows", "sink aggregated.out", "aggregated"),
     ("spark_keys", "stage 1", "columns"),
     ("spark_keys", "stage 1", "parquet_stream"),
     ("value_mappers", "stage 1", "columns"),
@@ -285,8 +286,8 @@ class Runs:
 
 
 def _per_key(rows: list[dict[str, Any]], sort: bool = False) -> dict[str, list[Any]]:
-    """Rows `{"user", "n", "seen"}` per user: `(n, seen)` in order (`sort`: by `n`, Spark's files have no order)."""
-    out = per_key((r["user"], (r["n"], r["seen"])) for r in rows)
+    """Rows `{"user", "n", "seen"}` (`seen` may be absent) per user: `(n, seen)` in order (`sort`: by `n`)."""
+    out = per_key((r["user"], (r["n"], r.get("seen"))) for r in rows)
     return {k: sorted(v) for k, v in out.items()} if sort else out
 
 
