@@ -39,10 +39,14 @@ _log = logging.getLogger("flowspark.spark")
 SAMPLE_ROWS = 100
 
 
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
 def _col(name: str) -> Any:
     from pyspark.sql import functions as F  # noqa: N812
 
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(_quoted(name))
 
 
 def describe_aggregate(agg: Aggregate) -> str:
@@ -143,7 +147,7 @@ def pair_rows(st: StagePlan, inp: Any, struct: Any) -> Optional[Any]:
     types = {fields[0]: inp.schema["k"].dataType, fields[1]: inp.schema["v"].dataType}
     if any(struct[n].dataType != types[n] for n in names):
         return None
-    return inp.select(*[_col("k" if n == fields[0] else "v").alias(n) for n in names])
+    return inp.selectExpr(*[("k" if n == fields[0] else "v") + " AS " + _quoted(n) for n in names])
 
 
 class Aggregates:
@@ -188,7 +192,7 @@ class Aggregates:
         df, refused = self.built[group]
         if sid in refused:
             return None
-        return df.select(_col("k"), _col(f"r{sid}").alias("v"))
+        return df.selectExpr("k", f"r{sid} AS v")
 
     def first_rows(self, sid: int) -> Optional[list[tuple[Any, bool]]]:
         """Stage `sid`'s input rows the check job kept (`aggregate_sample`): per partition, in order.
@@ -214,27 +218,29 @@ class Aggregates:
         from pyspark.sql import functions as F  # noqa: N812
         from pyspark.sql.types import IntegralType
 
+        # SQL text, one py4j call per column (building each with `F` costs a call per function).
         key = stages[0][1].key
+        types = {f.name: f.dataType for f in source.schema.fields}
         exprs = []
         nulls = []
         longs = []
         for sid, agg in stages:
             if agg.reduction == "count":
-                exprs.append(F.count(F.lit(1)).alias(f"r{sid}"))
+                exprs.append(f"count(1) AS r{sid}")
                 continue
             assert agg.value is not None
-            v = _col(agg.value)
-            fn = {"sum": F.sum, "max": F.max, "min": F.min}[agg.reduction]
-            if agg.reduction == "sum" and isinstance(source.schema[agg.value].dataType, IntegralType):
+            v = _quoted(agg.value)
+            fn = agg.reduction
+            if agg.reduction == "sum" and isinstance(types[agg.value], IntegralType):
                 if sid in long_sums:
-                    fn = F.try_sum
+                    fn = "try_sum"
                     longs.append(sid)
                 else:
-                    v = v.cast("decimal(38,0)")
-            exprs.append(fn(v).alias(f"r{sid}"))
-            exprs.append((F.count(F.lit(1)) - F.count(_col(agg.value))).alias(f"n{sid}"))
+                    v = f"CAST({v} AS DECIMAL(38,0))"
+            exprs.append(f"{fn}({v}) AS r{sid}")
+            exprs.append(f"count(1) - count({_quoted(agg.value)}) AS n{sid}")
             nulls.append(sid)
-        df = source.groupBy(_col(key).alias("k")).agg(*exprs)
+        df = source.groupBy(_col(key).alias("k")).agg(*[F.expr(e) for e in exprs])
         if persisted is None:
             return df, set()
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
@@ -269,15 +275,16 @@ def _check(df: Any, nulls: list[int], longs: list[int], sampled: list[str]) -> l
     import pyarrow as pa
     from pyspark.sql import functions as F  # noqa: N812
 
-    pos = F.monotonically_increasing_id().bitwiseAND(F.lit((1 << 33) - 1))
-    rows = df.select(F.spark_partition_id().alias("_part"), pos.alias("_pos"), "*")
-    checks = [F.count(F.lit(1)).alias("rows"), F.count(F.when(_col("k").isNull(), 1)).alias("null_keys")]
-    checks += [F.count(F.when(_col(f"n{sid}") > 0, 1)).alias(f"n{sid}") for sid in nulls]
-    checks += [F.count(F.when(_col(f"r{sid}").isNull() & (_col(f"n{sid}") == 0), 1)).alias(f"o{sid}") for sid in longs]
+    rows = df.selectExpr(
+        "spark_partition_id() AS _part", f"monotonically_increasing_id() & {(1 << 33) - 1} AS _pos", "*"
+    )
+    checks = ["count(1) AS rows", "count(CASE WHEN k IS NULL THEN 1 END) AS null_keys"]
+    checks += [f"count(CASE WHEN n{sid} > 0 THEN 1 END) AS n{sid}" for sid in nulls]
+    checks += [f"count(CASE WHEN r{sid} IS NULL AND n{sid} = 0 THEN 1 END) AS o{sid}" for sid in longs]
     if sampled:
-        kept = F.when(_col("_pos") < SAMPLE_ROWS, F.struct(_col("_pos"), _col("k"), *[_col(c) for c in sampled]))
-        checks.append(F.sort_array(F.collect_list(kept)).alias("first"))
-    table = rows.groupBy("_part").agg(*checks).toArrow()
+        kept = ", ".join(["_pos", "k", *sampled])
+        checks.append(f"sort_array(collect_list(CASE WHEN _pos < {SAMPLE_ROWS} THEN struct({kept}) END)) AS first")
+    table = rows.groupBy("_part").agg(*[F.expr(c) for c in checks]).toArrow()
     out = []
     for i in range(table.num_rows):
         part = {name: table.column(name)[i] for name in table.column_names}

@@ -288,3 +288,58 @@ def test_flowspark_plan_shows_the_aggregate(spark, tmp_path):
     from flowspark.spark.describe import describe_stage
 
     assert "groupBy('user').agg(sum('amount')" in plan.render(describe_stage)
+
+
+def _pair(kv):
+    return {"user": kv[0], "n": kv[1]}
+
+
+def _count_sum_rows(src: Any, outs: dict[str, Any]) -> Dataflow:
+    """Count and sum per user, each mapped by `_pair` to `outs[name]`: a list (TestingSink) or a SparkSink."""
+    flow = Dataflow("pairs")
+    s = op.input("inp", flow, src)
+    keyed = op.key_on("key", s, _user)
+    streams = {
+        "count": op.count_final("count", s, _user),
+        "total": op.reduce_final("total", op.map_value("amount", keyed, _amount), operator.add),
+    }
+    for name, stream in streams.items():
+        out = outs[name]
+        sink = TestingSink(out) if isinstance(out, list) else out
+        op.output(f"out_{name}", op.map(f"{name}_row", stream, _pair), sink)
+    return flow
+
+
+@pytest.mark.parametrize("schema", [None, "user STRING, n LONG", "user STRING, n INT"])
+def test_a_pair_mapped_to_a_dict_is_written_from_the_aggregate(spark, tmp_path, schema):
+    """`native_rows`: the aggregate's columns renamed; a column type other than the aggregate's keeps the map."""
+    rows = [{"user": f"u{i % 7}", "amount": i * 3 - 50, "name": "x", "price": 1.5} for i in range(60)]
+    path = _parquet(spark, tmp_path, rows)
+    expected: dict[str, list[Any]] = {"count": [], "total": []}
+    run_main(_count_sum_rows(TestingSource(rows), expected))
+    for rules in ("all", "-native_rows", "none"):
+        dirs = {name: str(tmp_path / f"{name}-{rules}") for name in expected}
+        sinks = {name: SparkSink("parquet", d, schema=schema) for name, d in dirs.items()}
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            run(_count_sum_rows(SparkSource("parquet", path), sinks), spark=spark, rules=rules, explain=True)
+        if rules == "all":
+            assert text.getvalue().count("rule native_rows: applied") == 2
+        for name, d in dirs.items():
+            df = spark.read.parquet(d)
+            assert sorted((r.user, r.n) for r in df.collect()) == sorted((x["user"], x["n"]) for x in expected[name])
+            want = schema or "n BIGINT, user STRING"  # inferred: pyspark sorts a dict's names
+            assert df.schema.simpleString() == spark.createDataFrame([], want).schema.simpleString()
+
+
+def test_a_sum_beyond_64_bits_in_a_long_column_fails_as_without_the_rules(spark, tmp_path):
+    rows = [{"user": "a", "amount": 2**63 - 1, "name": "x", "price": 1.5}] * 2
+    path = _parquet(spark, tmp_path, rows)
+    errors = []
+    for rules in ("all", "none"):
+        sinks = {name: SparkSink("parquet", str(tmp_path / f"{name}-{rules}")) for name in ("count", "total")}
+        errors.append(
+            _error(lambda s=sinks, r=rules: run(_count_sum_rows(SparkSource("parquet", path), s), spark=spark, rules=r))
+        )
+    assert errors[0] == errors[1]
+    assert "pairs.out_total" in errors[0]
