@@ -216,30 +216,9 @@ class Aggregates:
         """One `groupBy(key).agg(...)` for every stage of a group, persisted, and the stages a null refuses."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F  # noqa: N812
-        from pyspark.sql.types import IntegralType
 
-        # SQL text, one py4j call per column (building each with `F` costs a call per function).
         key = stages[0][1].key
-        types = {f.name: f.dataType for f in source.schema.fields}
-        exprs = []
-        nulls = []
-        longs = []
-        for sid, agg in stages:
-            if agg.reduction == "count":
-                exprs.append(f"count(1) AS r{sid}")
-                continue
-            assert agg.value is not None
-            v = _quoted(agg.value)
-            fn = agg.reduction
-            if agg.reduction == "sum" and isinstance(types[agg.value], IntegralType):
-                if sid in long_sums:
-                    fn = "try_sum"
-                    longs.append(sid)
-                else:
-                    v = f"CAST({v} AS DECIMAL(38,0))"
-            exprs.append(f"{fn}({v}) AS r{sid}")
-            exprs.append(f"count(1) - count({_quoted(agg.value)}) AS n{sid}")
-            nulls.append(sid)
+        exprs, nulls, longs = _aggregations(stages, {f.name: f.dataType for f in source.schema.fields}, long_sums)
         df = source.groupBy(_col(key).alias("k")).agg(*[F.expr(e) for e in exprs])
         if persisted is None:
             return df, set()
@@ -261,6 +240,38 @@ class Aggregates:
             if sid not in refused:
                 self.first[sid] = [(_first(p, sid), p["rows"] > SAMPLE_ROWS) for p in parts if len(p["first"])]
         return df, refused
+
+
+def _aggregations(
+    stages: list[tuple[int, Aggregate]], types: dict[str, Any], long_sums: set[int]
+) -> tuple[list[str], list[int], list[int]]:
+    """The aggregate's columns as SQL text (one py4j call each; `pyspark.sql.functions` costs one per function).
+
+    Returns:
+        `(expressions, the stages with a null count n{sid}, the stages summed as a LONG try_sum)`.
+    """
+    from pyspark.sql.types import IntegralType
+
+    exprs = []
+    nulls = []
+    longs = []
+    for sid, agg in stages:
+        if agg.reduction == "count":
+            exprs.append(f"count(1) AS r{sid}")
+            continue
+        assert agg.value is not None
+        v = _quoted(agg.value)
+        fn = agg.reduction
+        if agg.reduction == "sum" and isinstance(types[agg.value], IntegralType):
+            if sid in long_sums:
+                fn = "try_sum"
+                longs.append(sid)
+            else:
+                v = f"CAST({v} AS DECIMAL(38,0))"
+        exprs.append(f"{fn}({v}) AS r{sid}")
+        exprs.append(f"count(1) - count({_quoted(agg.value)}) AS n{sid}")
+        nulls.append(sid)
+    return exprs, nulls, longs
 
 
 def _check(df: Any, nulls: list[int], longs: list[int], sampled: list[str]) -> list[dict[str, Any]]:
