@@ -21,7 +21,7 @@ import operator
 import types
 from typing import Any, Optional
 
-__all__ = ["column_of"]
+__all__ = ["column_of", "pair_row_of"]
 
 #: Instructions that do nothing observable (interpreter bookkeeping).
 _IGNORED = frozenset({"RESUME", "NOP", "CACHE", "EXTENDED_ARG"})
@@ -47,6 +47,57 @@ def column_of(fn: Any) -> Optional[str]:
         if len(args) == 1 and type(args[0]) is str:
             return args[0]
         return None
+    ins = _body(fn)
+    if ins is None or len(ins) != 4:
+        return None
+    item = _item_of(fn, ins[:3])
+    if type(item) is not str or ins[3].opname != "RETURN_VALUE":
+        return None
+    return item
+
+
+def pair_row_of(fn: Any) -> Optional[tuple[str, str]]:
+    """The fields a mapper of `(key, value)` pairs puts them in, or `None` when `fn` is not proven to be that.
+
+    Recognised: a plain function or lambda of one parameter (as `column_of`) whose whole
+    body is `return {"<name>": kv[0], "<other name>": kv[1]}` (either order, two distinct
+    `str` names): each pair becomes the dict `{name: key, other name: value}`.
+
+    Args:
+        fn: The mapper (`op.map`'s).
+
+    Returns:
+        `(the key's field, the value's field)`, or `None`.
+
+    Example:
+        >>> pair_row_of(lambda kv: {"user": kv[0], "n": kv[1]})
+        ('user', 'n')
+        >>> pair_row_of(lambda kv: {"user": kv[0], "n": kv[1] + 1}) is None
+        True
+    """
+    ins = _body(fn)
+    if ins is None or len(ins) != 9 or ins[-1].opname != "RETURN_VALUE":
+        return None
+    build = ins[-2]
+    if build.opname == "BUILD_CONST_KEY_MAP" and build.argval == 2:
+        names = ins[-3].argval if ins[-3].opname == "LOAD_CONST" else None
+        items = (_item_of(fn, ins[0:3]), _item_of(fn, ins[3:6]))
+    elif build.opname == "BUILD_MAP" and build.argval == 2:
+        consts = (ins[0], ins[4])
+        names = tuple(c.argval for c in consts) if all(c.opname == "LOAD_CONST" for c in consts) else None
+        items = (_item_of(fn, ins[1:4]), _item_of(fn, ins[5:8]))
+    else:
+        return None
+    if type(names) is not tuple or len(names) != 2 or not all(type(n) is str for n in names) or names[0] == names[1]:
+        return None
+    fields = dict(zip(items, names, strict=True))
+    if set(fields) != {0, 1} or any(type(i) is not int for i in items):
+        return None
+    return fields[0], fields[1]
+
+
+def _body(fn: Any) -> Optional[list[dis.Instruction]]:
+    """The instructions of a plain function of one parameter (no defaults, closure or globals), or `None`."""
     if type(fn) is not types.FunctionType:
         return None
     code = fn.__code__
@@ -61,16 +112,16 @@ def column_of(fn: Any) -> Optional[str]:
         or fn.__kwdefaults__
     ):
         return None
-    ins = [i for i in dis.get_instructions(code) if i.opname not in _IGNORED]
-    if len(ins) != 4:
+    return [i for i in dis.get_instructions(code) if i.opname not in _IGNORED]
+
+
+def _item_of(fn: Any, ins: list[dis.Instruction]) -> Any:
+    """`c` when three instructions are `param[c]` for a constant `c` (a `str` or an `int`), else `None`."""
+    load, const, subscr = ins
+    if not (load.opname.startswith("LOAD_FAST") and load.argval == fn.__code__.co_varnames[0]):
         return None
-    load, const, subscr, ret = ins
-    if not (load.opname.startswith("LOAD_FAST") and load.argval == code.co_varnames[0]):
-        return None
-    if const.opname != "LOAD_CONST" or type(const.argval) is not str:
+    if const.opname != "LOAD_CONST" or type(const.argval) not in (str, int):
         return None
     if subscr.opname != "BINARY_SUBSCR" and not (subscr.opname == "BINARY_OP" and subscr.argrepr == "[]"):
-        return None
-    if ret.opname != "RETURN_VALUE":
         return None
     return const.argval

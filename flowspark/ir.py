@@ -103,6 +103,11 @@ class FlatMapBatch:
     `value_constant`: set by an operator whose `value_mapper` returns the same value for
     every value and never raises (`count_final`'s ones): a runtime that only counts the
     values need not call it.
+
+    `pair_row`: set by `map` when its mapper is proven to turn each `(key, value)` pair into
+    the dict `{pair_row[0]: key, pair_row[1]: value}` (`lambda kv: {"user": kv[0], "n":
+    kv[1]}`, `flowspark._keyfn.pair_row_of`): a runtime holding keys and values as columns
+    may name the columns instead of calling it.
     """
 
     step_id: str
@@ -116,6 +121,7 @@ class FlatMapBatch:
     value_column: Optional[str] = None
     clocked: bool = False
     value_constant: bool = False
+    pair_row: Optional[tuple[str, str]] = None
 
     @property
     def ups(self) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from typing_extensions import Self, TypeAlias, override
 
 from flowspark import ir, reducers
 from flowspark._checks import all_pairs, check_bool
-from flowspark._keyfn import column_of
+from flowspark._keyfn import column_of, pair_row_of
 from flowspark._time import utc_now
 from flowspark.dataflow import Dataflow, KeyedStream, Stream, operator
 from flowspark.errors import FlowsparkBuildError, FlowsparkTypeError
@@ -517,7 +517,7 @@ def map(step_id: str, up: Stream[X], mapper: Callable[[X], Y]) -> Stream[Y]:  # 
     def shim_mapper(xs: list[X]) -> list[Y]:
         return list(_map(mapper, xs))
 
-    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), one_to_one=True)
+    return _declare(flat_map_batch("flat_map_batch", up, shim_mapper), one_to_one=True, pair_row=pair_row_of(mapper))
 
 
 _map = builtins.map  # `map` is the operator below

@@ -38,7 +38,7 @@ from flowspark.spark.columns import (
 )
 from flowspark.spark.describe import describe_stage
 from flowspark.spark.inputs import load_rows
-from flowspark.spark.native import Aggregates, python_pass
+from flowspark.spark.native import Aggregates, pair_rows, python_pass, sample_first_rows
 from flowspark.spark.optimize import Env, optimize
 from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
@@ -155,6 +155,8 @@ class _Job:
         for s, _p in self.plan.dead_ports():
             n[s] = n.get(s, 0) + 1  # the dead letter's read
         for sk in self.plan.sinks:
+            if "sink_fusion" in sk.modes:
+                continue  # the sink's rows come from the stage's input (`write_native`), not its DataFrame
             if sk.where != "driver":
                 infer = sk.where == "native" and sk.sink.schema is None and "schema_sampling" not in sk.modes
                 n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if infer else 1)
@@ -166,9 +168,11 @@ class _Job:
         return _positioned(df).repartition(self.partitions, key).sortWithinPartitions(key, ID_COLUMN)
 
     def build(self, persist: bool = True) -> None:
-        """Build every stage's DataFrame (`persist=False`: build only, run no job, as `flowspark plan` does)."""
-        from pyspark import StorageLevel
+        """Build every stage's DataFrame (`persist=False`: build only, run no job, as `flowspark plan` does).
 
+        In a run, a stage whose DataFrame nobody reads gets none (a source stage Spark aggregates,
+        a stage writing its sink's rows itself); `persist=False` builds every one, for the plan tools.
+        """
         column_keys = self.keyed_by_spark
         uses = self.uses()
         for st in self.plan.stages:
@@ -183,14 +187,25 @@ class _Job:
                 self.inputs[sid] = (native, False)
             else:
                 self.plan, st = python_pass(self.plan, st)
+                for s, _p, _pad in st.inputs:
+                    if s not in self.dfs:  # unread until this stage fell back to its Python pass
+                        self.stage_df(self.plan.stages[s], 1, persist)
                 self.inputs[sid] = (self.stage_input(st), False)
-            inp, column_key = self.inputs[sid]
-            df = inp.mapInArrow(stage_function(st.spec, self.now, column_key=column_key), _ROW_SCHEMA)
-            if persist and uses.get(st.spec.stage_id, 0) > 1:
-                df = df.persist(StorageLevel.MEMORY_AND_DISK)
-                self.persisted.append(df)
-                _action(df.count)
-            self.dfs[sid] = df
+            if persist and not uses.get(sid, 0):
+                continue  # nobody reads the stage's DataFrame (its sink's rows come from its input)
+            self.stage_df(st, uses.get(sid, 0), persist)
+
+    def stage_df(self, st: StagePlan, uses: int, persist: bool) -> None:
+        """Stage `st`'s DataFrame from its input (`self.inputs`): persisted and materialized when read twice."""
+        from pyspark import StorageLevel
+
+        inp, column_key = self.inputs[st.spec.stage_id]
+        df = inp.mapInArrow(stage_function(st.spec, self.now, column_key=column_key), _ROW_SCHEMA)
+        if persist and uses > 1:
+            df = df.persist(StorageLevel.MEMORY_AND_DISK)
+            self.persisted.append(df)
+            _action(df.count)
+        self.dfs[st.spec.stage_id] = df
 
     def port_df(self, stage: int, port: int, pad: bytes = b"") -> Any:
         return port_rows(self.dfs[stage], port, pad)
@@ -331,16 +346,17 @@ class _Job:
         _action(lambda: df.mapInArrow(fn, "n long").collect())
 
     def write_native(self, sk: SinkPlan) -> None:
-        df = self.port_df(*sk.port)
         schema = sk.sink.schema
         dead_letter = self.plan.dead_letter is not None
         fused = "sink_fusion" in sk.modes
+        df = None if fused else self.port_df(*sk.port)
         if schema is None and fused:
             sample = self.sample(sk, 100)
             if not sample:
                 return
             schema = infer_schema(self.spark, sk.step_id, sample)
         elif schema is None:
+            assert df is not None
             # Inferred from the first 100 items of the stage's output, which is persisted
             # and materialized first (`uses`): stopping a Python stage after 100 items
             # would leave a broken-pipe trace from its worker on the console.
@@ -353,15 +369,21 @@ class _Job:
                 return
             schema = infer_schema(self.spark, sk.step_id, sample)
         rows_schema = row_schema(self.spark, sk.step_id, schema)
-        if fused:
+        stage = sk.port[0]
+        native = "native_rows" in sk.modes and pair_rows(
+            self.plan.stages[stage], self.inputs[stage][0], rows_schema.struct
+        )
+        if native:
+            rows = native  # the aggregate's columns, renamed: no Python pass
+        elif fused:
             # One pass: the stage itself emits the sink's rows as typed columns.
-            stage = sk.port[0]
             inp, column_key = self.inputs[stage]
             fn = stage_function(
                 self.plan.stages[stage].spec, self.now, column_key=column_key, sink=(sk.step_id, rows_schema)
             )
             rows = inp.mapInArrow(fn, rows_schema.struct)
         else:
+            assert df is not None
             rows = df.mapInArrow(_to_rows(sk.step_id, rows_schema, dead_letter), rows_schema.struct)
             if dead_letter:
                 self.misfits.append(df.mapInArrow(_misfits(sk.step_id, rows_schema), "seq binary, v binary"))
@@ -377,6 +399,11 @@ class _Job:
         stage, port = sk.port
         inp, column_key = self.inputs[stage]
         fn = stage_function(self.plan.stages[stage].spec, self.now, column_key=column_key, sample=(port, n))
+        first = self.aggregates.first_rows(stage) if "aggregate_sample" in sk.modes else None
+        if first is not None:
+            got = sample_first_rows(fn, first, n, _action)
+            if got is not None:
+                return got
         if stage in self.keyed_by_spark:
             got = self.first_keys_sample(self.plan.stages[stage], fn, n)
             if got is not None:

@@ -232,6 +232,7 @@ class _Compiler:
                 value_fn=node.value_mapper,
                 value_column=node.value_column,
                 value_constant=node.value_constant,
+                pair_row=node.pair_row,
             )
         )
         b.steps.append(node.step_id)

@@ -10,29 +10,43 @@ branches of one source).
 
 Exactness: an integer sum is computed as `DECIMAL(38,0)` (no `LONG` overflow; no sum of
 at most 2**63 rows of 64-bit integers reaches 10**38) and becomes a Python `int` in the
-pass. A null key, or a null value of a `sum`, `max` or `min`, is what Python would
-refuse (or, for a key's lone null, emit as `None`): Spark skips nulls, so the stages of
-such an aggregate fall back to the Python pass (`Aggregates.input` returns `None`), which
-gives the in-memory executor's result or error.
+pass; with the rule `long_sums`, as Spark's `try_sum` (a `LONG`, null once the key's sum
+leaves 64 bits, at any point), and an aggregate where a key's sum overflowed is computed
+again with `DECIMAL(38,0)`. A null key, or a null value of a `sum`, `max` or `min`, is
+what Python would refuse (or, for a key's lone null, emit as `None`): Spark skips nulls,
+so the stages of such an aggregate fall back to the Python pass (`Aggregates.input`
+returns `None`), which gives the in-memory executor's result or error.
+
+The shared aggregate is persisted and checked by one Spark job (`_check`: per partition of
+the aggregate, one row per key, it counts null keys, null values and overflowed sums), which
+also keeps each partition's first rows when a sink reading one of the stages gets its schema
+from them (the rule `aggregate_sample`, `Aggregates.first_rows`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Optional
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
 
 from flowspark.spark.plan import Aggregate, Plan, StagePlan
 
-__all__ = ["Aggregates", "describe_aggregate", "python_pass"]
+__all__ = ["SAMPLE_ROWS", "Aggregates", "describe_aggregate", "pair_rows", "python_pass", "sample_first_rows"]
 
 _log = logging.getLogger("flowspark.spark")
+#: Rows of each partition of an aggregate the check job keeps for `aggregate_sample` (a sink infers from 100 items).
+SAMPLE_ROWS = 100
+
+
+def _quoted(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _col(name: str) -> Any:
     from pyspark.sql import functions as F  # noqa: N812
 
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(_quoted(name))
 
 
 def describe_aggregate(agg: Aggregate) -> str:
@@ -71,6 +85,71 @@ def python_pass(plan: Plan, st: StagePlan) -> tuple[Plan, StagePlan]:
     return dataclasses.replace(plan, stages=stages), st
 
 
+def sample_first_rows(
+    fn: Callable[[Iterator[Any]], Iterator[Any]],
+    first: list[tuple[Any, bool]],
+    n: int,
+    action: Callable[[Callable[[], Any]], Any],
+) -> Optional[list[Any]]:
+    """The first `n` items of an aggregated stage's port, from its first rows (the rule `aggregate_sample`).
+
+    The job that checked the aggregate kept each partition's first rows (`Aggregates.first_rows`);
+    the stage's steps run over them here, at the driver, partition after partition: the items the
+    sampling job would give.
+
+    Args:
+        fn: The stage's sampling function (`stage_function(..., sample=(port, n))`).
+        first: The stage's kept rows per partition, and whether the partition has more.
+        n: Items wanted.
+        action: Runs `fn` and turns a step's error into the run's error (`batch._action`).
+
+    Returns:
+        The items, or `None` when a partition's kept rows give too few items and it has more
+        rows (they could give the missing items: the sampling job then runs).
+    """
+    from flowspark.spark.codec import loads
+
+    got: list[Any] = []
+    for batch, more in first:
+
+        def run(b: Any = batch) -> list[Any]:
+            return list(fn(iter([b])))
+
+        out = action(run)
+        got.extend(loads(v) for ob in out for v in ob.column(0).to_pylist())
+        if len(got) >= n:
+            return got[:n]
+        if more:
+            return None
+    return got
+
+
+def pair_rows(st: StagePlan, inp: Any, struct: Any) -> Optional[Any]:
+    """The sink's rows of an aggregated stage whose map makes `{name: key, name: value}` (the rule `native_rows`).
+
+    Args:
+        st: The stage (its one map carries `Op.pair_row`).
+        inp: Its `(k, v)` input, one row per key.
+        struct: The sink's row schema (`StructType`).
+
+    Returns:
+        `inp` with its columns renamed in the schema's order, or `None` when the schema's columns
+        are not those two names or a column's type is not the aggregate's (the map's Python pass
+        then converts each item, as without the rule).
+    """
+    if st.spec.native is None:  # it fell back to its Python pass
+        return None
+    fields = next(o.pair_row for o in st.spec.ops if o.kind == "map")
+    assert fields is not None
+    names = struct.fieldNames()
+    if sorted(names) != sorted(fields):
+        return None
+    types = {fields[0]: inp.schema["k"].dataType, fields[1]: inp.schema["v"].dataType}
+    if any(struct[n].dataType != types[n] for n in names):
+        return None
+    return inp.selectExpr(*[("k" if n == fields[0] else "v") + " AS " + _quoted(n) for n in names])
+
+
 class Aggregates:
     """The aggregates of a batch job's `native_reduction` stages, built and checked once per source and key."""
 
@@ -85,7 +164,13 @@ class Aggregates:
             agg = st.spec.native
             if agg is not None:
                 self.groups.setdefault((agg.source_stage, agg.key), []).append((st.spec.stage_id, agg))
+        #: The stages whose integer sum is a `LONG` `try_sum` (the rule `long_sums`).
+        self.long_sums = {st.spec.stage_id for st in plan.stages if "long_sums" in st.spec.modes}
+        #: The stages a sink samples the first rows of (the rule `aggregate_sample`).
+        self.sampled = {sk.port[0] for sk in plan.sinks if "aggregate_sample" in sk.modes}
         self.built: dict[tuple[int, str], tuple[Any, set[int]]] = {}
+        #: Per stage: each partition's first rows `(k, v)` (an Arrow batch) and whether it has more.
+        self.first: dict[int, list[tuple[Any, bool]]] = {}
 
     def input(self, sid: int, agg: Aggregate, source: Any, persisted: list[Any], run: bool = True) -> Optional[Any]:
         """The `(k, v)` DataFrame of stage `sid` (one row per key), or `None`: it falls back to the Python pass.
@@ -103,44 +188,127 @@ class Aggregates:
         """
         group = (agg.source_stage, agg.key)
         if group not in self.built:
-            self.built[group] = self._build(self.groups[group], source, persisted if run else None)
+            self.built[group] = self._build(self.groups[group], source, persisted if run else None, self.long_sums)
         df, refused = self.built[group]
         if sid in refused:
             return None
-        return df.select(_col("k"), _col(f"r{sid}").alias("v"))
+        return df.selectExpr("k", f"r{sid} AS v")
 
-    @staticmethod
+    def first_rows(self, sid: int) -> Optional[list[tuple[Any, bool]]]:
+        """Stage `sid`'s input rows the check job kept (`aggregate_sample`): per partition, in order.
+
+        Args:
+            sid: A stage Spark aggregates.
+
+        Returns:
+            `[(Arrow batch of columns k and v, whether the partition has rows after them)]`,
+            or `None` when the stage was not sampled (or fell back to its Python pass).
+        """
+        return self.first.get(sid)
+
     def _build(
-        stages: list[tuple[int, Aggregate]], source: Any, persisted: Optional[list[Any]]
+        self,
+        stages: list[tuple[int, Aggregate]],
+        source: Any,
+        persisted: Optional[list[Any]],
+        long_sums: set[int],
     ) -> tuple[Any, set[int]]:
         """One `groupBy(key).agg(...)` for every stage of a group, persisted, and the stages a null refuses."""
         from pyspark import StorageLevel
         from pyspark.sql import functions as F  # noqa: N812
-        from pyspark.sql.types import IntegralType
 
         key = stages[0][1].key
-        exprs = []
-        nulls = []
-        for sid, agg in stages:
-            if agg.reduction == "count":
-                exprs.append(F.count(F.lit(1)).alias(f"r{sid}"))
-                continue
-            assert agg.value is not None
-            v = _col(agg.value)
-            if agg.reduction == "sum" and isinstance(source.schema[agg.value].dataType, IntegralType):
-                v = v.cast("decimal(38,0)")
-            fn = {"sum": F.sum, "max": F.max, "min": F.min}[agg.reduction]
-            exprs.append(fn(v).alias(f"r{sid}"))
-            exprs.append((F.count(F.lit(1)) - F.count(_col(agg.value))).alias(f"n{sid}"))
-            nulls.append(sid)
-        df = source.groupBy(_col(key).alias("k")).agg(*exprs)
+        exprs, nulls, longs = _aggregations(stages, {f.name: f.dataType for f in source.schema.fields}, long_sums)
+        df = source.groupBy(_col(key).alias("k")).agg(*[F.expr(e) for e in exprs])
         if persisted is None:
             return df, set()
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
         persisted.append(df)
-        checks = [F.count(F.when(_col("k").isNull(), 1)).alias("null_keys")]
-        checks += [F.max(_col(f"n{sid}")).alias(f"n{sid}") for sid in nulls]
-        row = df.agg(*checks).collect()[0]
-        if row["null_keys"]:
+        sampled = [sid for sid, _a in stages if sid in self.sampled]
+        parts = _check(df, nulls, longs, [f"r{sid}" for sid in sampled])
+        overflowed = {sid for sid in longs if any(p[f"o{sid}"] for p in parts)}
+        if overflowed:
+            # A key's sum left 64 bits: the group again, those sums as decimals (Python's exact result).
+            _log.info("flowspark: a LONG sum overflowed in stages %s: computed again as DECIMAL(38,0)", overflowed)
+            persisted.remove(df)
+            df.unpersist()
+            return self._build(stages, source, persisted, long_sums - overflowed)
+        if any(p["null_keys"] for p in parts):
             return df, {sid for sid, _a in stages}
-        return df, {sid for sid in nulls if row[f"n{sid}"]}
+        refused = {sid for sid in nulls if any(p[f"n{sid}"] for p in parts)}
+        for sid in sampled:
+            if sid not in refused:
+                self.first[sid] = [(_first(p, sid), p["rows"] > SAMPLE_ROWS) for p in parts if len(p["first"])]
+        return df, refused
+
+
+def _aggregations(
+    stages: list[tuple[int, Aggregate]], types: dict[str, Any], long_sums: set[int]
+) -> tuple[list[str], list[int], list[int]]:
+    """The aggregate's columns as SQL text (one py4j call each; `pyspark.sql.functions` costs one per function).
+
+    Returns:
+        `(expressions, the stages with a null count n{sid}, the stages summed as a LONG try_sum)`.
+    """
+    from pyspark.sql.types import IntegralType
+
+    exprs = []
+    nulls = []
+    longs = []
+    for sid, agg in stages:
+        if agg.reduction == "count":
+            exprs.append(f"count(1) AS r{sid}")
+            continue
+        assert agg.value is not None
+        v = _quoted(agg.value)
+        fn = agg.reduction
+        if agg.reduction == "sum" and isinstance(types[agg.value], IntegralType):
+            if sid in long_sums:
+                fn = "try_sum"
+                longs.append(sid)
+            else:
+                v = f"CAST({v} AS DECIMAL(38,0))"
+        exprs.append(f"{fn}({v}) AS r{sid}")
+        exprs.append(f"count(1) - count({_quoted(agg.value)}) AS n{sid}")
+        nulls.append(sid)
+    return exprs, nulls, longs
+
+
+def _check(df: Any, nulls: list[int], longs: list[int], sampled: list[str]) -> list[dict[str, Any]]:
+    """The check job over a persisted aggregate: one summary per partition.
+
+    Each has its rows, null keys, keys with a null value (`n{sid}`), overflowed `LONG` sums
+    (`o{sid}`) and, when `sampled` names columns, its first rows (`first`).
+
+    One Spark job, no Python pass: `monotonically_increasing_id()` is the partition id times
+    2**33 plus the row's position in the partition, so a row's position is its low 33 bits.
+    """
+    import pyarrow as pa
+    from pyspark.sql import functions as F  # noqa: N812
+
+    rows = df.selectExpr(
+        "spark_partition_id() AS _part", f"monotonically_increasing_id() & {(1 << 33) - 1} AS _pos", "*"
+    )
+    checks = ["count(1) AS rows", "count(CASE WHEN k IS NULL THEN 1 END) AS null_keys"]
+    checks += [f"count(CASE WHEN n{sid} > 0 THEN 1 END) AS n{sid}" for sid in nulls]
+    checks += [f"count(CASE WHEN r{sid} IS NULL AND n{sid} = 0 THEN 1 END) AS o{sid}" for sid in longs]
+    if sampled:
+        kept = ", ".join(["_pos", "k", *sampled])
+        checks.append(f"sort_array(collect_list(CASE WHEN _pos < {SAMPLE_ROWS} THEN struct({kept}) END)) AS first")
+    table = rows.groupBy("_part").agg(*[F.expr(c) for c in checks]).toArrow()
+    out = []
+    for i in range(table.num_rows):
+        part = {name: table.column(name)[i] for name in table.column_names}
+        first = part.pop("first", None)
+        row = {name: v.as_py() for name, v in part.items()}
+        row["first"] = first.values if first is not None and first.is_valid else pa.array([], pa.struct([]))
+        out.append(row)
+    return sorted(out, key=lambda r: r["_part"])
+
+
+def _first(part: dict[str, Any], sid: int) -> Any:
+    """Stage `sid`'s `(k, v)` input rows among a partition's first rows kept by `_check` (an Arrow batch)."""
+    import pyarrow as pa
+
+    first = part["first"]
+    return pa.RecordBatch.from_arrays([first.field("k"), first.field(f"r{sid}")], names=["k", "v"])

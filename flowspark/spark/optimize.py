@@ -291,6 +291,44 @@ def _apply_native(w: _Work, sid: int) -> None:
     w.add_mode(sid, "native_reduction")
 
 
+def _check_long_sums(w: _Work, sid: int) -> Optional[str]:
+    if not w.applied("native_reduction", f"stage {sid}"):
+        return "native_reduction did not apply"
+    agg = w.spec(sid).native
+    assert agg is not None
+    if agg.reduction != "sum":
+        return f"the reduction is a {agg.reduction}, not a sum"
+    kinds = [t for n, t in w.env.columns[agg.source_stage] if n == agg.value]
+    if kinds[0] not in _INTEGRAL:
+        return f"column {agg.value!r} is {kinds[0]}, not an integer column"
+    return None
+
+
+def _check_aggregate_sample(w: _Work, step: str) -> Optional[str]:
+    if not w.applied("schema_sampling", f"sink {step}"):
+        return "schema_sampling did not apply"
+    sid = w.sinks[step].port[0]
+    if not w.applied("native_reduction", f"stage {sid}"):
+        return f"stage {sid} is not a Spark aggregate (native_reduction)"
+    return None
+
+
+def _check_native_rows(w: _Work, step: str) -> Optional[str]:
+    if not w.applied("sink_fusion", f"sink {step}"):
+        return "sink_fusion did not apply"
+    sid = w.sinks[step].port[0]
+    if not w.applied("native_reduction", f"stage {sid}"):
+        return f"stage {sid} is not a Spark aggregate (native_reduction)"
+    spec = w.spec(sid)
+    maps = [o for o in spec.ops if o.kind != "pass"]
+    if spec.one_to_one_mappers() is None or len(maps) != 1 or maps[0].pair_row is None:
+        return (
+            "the stage's steps after the reduction are not one map proven to make {name: key, name: value} "
+            "(lambda kv: {'user': kv[0], 'n': kv[1]})"
+        )
+    return None
+
+
 def _check_spark_keys(w: _Work, sid: int) -> Optional[str]:
     if w.applied("native_reduction", f"stage {sid}"):
         return "Spark aggregates the stage (native_reduction)"
@@ -548,6 +586,16 @@ RULES: tuple[Rule, ...] = (
         _apply_native,
     ),
     Rule(
+        "long_sums",
+        "stage",
+        _BATCH,
+        False,
+        "an integer sum Spark aggregates is a LONG try_sum (null once it leaves 64 bits) instead of a "
+        "DECIMAL(38,0) sum; an aggregate where a key's sum overflowed is computed again with decimals",
+        _check_long_sums,
+        _mode("long_sums"),
+    ),
+    Rule(
         "spark_keys",
         "stage",
         _BOTH,
@@ -587,6 +635,17 @@ RULES: tuple[Rule, ...] = (
         _sink_mode("schema_sampling"),
     ),
     Rule(
+        "aggregate_sample",
+        "sink",
+        _BATCH,
+        False,
+        "a SparkSink without a schema fed by a stage Spark aggregates infers it from the first aggregated rows, "
+        "kept by the job that checks the aggregate for nulls, the stage's steps run over them at the driver "
+        "(no sampling job)",
+        _check_aggregate_sample,
+        _sink_mode("aggregate_sample"),
+    ),
+    Rule(
         "sink_fusion",
         "sink",
         _BOTH,
@@ -594,6 +653,17 @@ RULES: tuple[Rule, ...] = (
         "the stage feeding a SparkSink emits the sink's typed rows itself (no pass converting pickled items)",
         _check_fusion,
         _sink_mode("sink_fusion"),
+    ),
+    Rule(
+        "native_rows",
+        "sink",
+        _BATCH,
+        False,
+        "a SparkSink whose stage Spark aggregates and then maps each (key, result) to a dict of two names, "
+        "proven, gets the aggregate's columns renamed (a select, no Python pass) when their Spark types are "
+        "the sink's column types",
+        _check_native_rows,
+        _sink_mode("native_rows"),
     ),
     Rule(
         "mapper_line",

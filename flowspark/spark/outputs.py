@@ -228,7 +228,9 @@ def infer_schema(spark: Any, step_id: str, items: list[Any]) -> Any:
     if bad is not None:
         raise step_error(step_id, not_dict_error(step_id, bad))
     try:
-        return spark.createDataFrame(sample).schema
+        # A classic session infers in Python (what `createDataFrame` does first), without shipping the rows.
+        infer = getattr(spark, "_inferSchemaFromList", None)
+        return infer(sample) if infer is not None else spark.createDataFrame(sample).schema
     except Exception as e:
         msg = (
             f"error in step {step_id!r}: cannot infer the rows' schema from the items {short_repr(sample)} "

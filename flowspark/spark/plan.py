@@ -53,7 +53,7 @@ class Op:
     stream ids; for `merge`, `pads[i]` is the upstream's 4-byte index (inserted
     after the source header) then zero padding (appended). `keeps` and `key_column`:
     the IR's `FlatMapBatch` facts of the same names; `value_fn` and `value_column`: its
-    `value_mapper` and `value_column`.
+    `value_mapper` and `value_column`; `pair_row`: its `pair_row`.
     """
 
     kind: str
@@ -68,6 +68,7 @@ class Op:
     value_fn: Optional[Callable[[Any], Any]] = None
     value_column: Optional[str] = None
     value_constant: bool = False
+    pair_row: Optional[tuple[str, str]] = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import flowspark.operators as op
 from flowspark import reducers
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError
-from flowspark.spark import SparkSource, compile_flow, run
+from flowspark.spark import SparkSink, SparkSource, compile_flow, run
 from flowspark.spark.tools import physical_plans
 from flowspark.testing import TestingSink, TestingSource, run_main
 
@@ -132,9 +132,82 @@ def test_sums_beyond_64_bits_stay_python_ints(spark, tmp_path):
         {"user": "b", "amount": -(2**63), "name": "y", "price": 1.5}
     ] * 3
     path = _parquet(spark, tmp_path, rows)
-    native, _text = _on_spark(spark, _flow, path, "all")
+    native, text = _on_spark(spark, _flow, path, "all")
+    assert text.count("rule long_sums: applied") == 2  # total, fold_sum: LONG sums that overflow, then decimals
     assert native["total"] == {"a": ("int", 4 * (2**63 - 1)), "b": ("int", -3 * 2**63)}
     assert native == _in_memory(_flow, rows)
+    decimals, text = _on_spark(spark, _flow, path, "-long_sums")
+    assert "rule long_sums: not applied (switched off: rules='-long_sums')" in text
+    assert decimals == native
+
+
+def test_a_sum_back_within_64_bits_after_an_overflow_is_exact(spark, tmp_path):
+    """A LONG sum that leaves 64 bits on the way (Spark adds in any order) is computed again as a decimal."""
+    rows = [{"user": "a", "amount": a, "name": "x", "price": 1.5} for a in (2**63 - 1, 2**63 - 1, -(2**63), 5)]
+    path = _parquet(spark, tmp_path, rows)
+    got, _text = _on_spark(spark, _amount_sum, path, "all")
+    assert got["total"] == {"a": ("int", 2**63 - 1 - 1 + 5)}
+    assert got == _in_memory(_amount_sum, rows)
+
+
+def _big(r):
+    return r["amount"] > 2
+
+
+def _as_row(kv):
+    if kv[0] == "boom":
+        raise ValueError(kv)
+    return {"user": kv[0], "n": kv[1]}
+
+
+def _rows_flow(src: Any, out: str) -> Dataflow:
+    """A count per user, filtered, as rows of a parquet SparkSink without a schema (inferred from 100 items)."""
+    flow = Dataflow("sampled")
+    counts = op.count_final("count", op.input("inp", flow, src), _user)
+    big = op.filter("big", counts, lambda kv: kv[1] > 2)
+    op.output("out", op.map("row", big, _as_row), SparkSink("parquet", out))
+    return flow
+
+
+@pytest.mark.parametrize("few", [False, True])
+def test_a_sink_without_schema_infers_it_from_the_aggregated_rows(spark, tmp_path, few):
+    """The check job's first rows give the sample; when too few pass the filter, the sampling job runs."""
+    n = 3 if few else 4  # few: most users are counted 3 times and filtered out
+    rows = [{"user": f"u{i:03d}", "amount": i, "name": "x", "price": 1.5} for i in range(600) for _ in range(n)]
+    rows += [{"user": f"z{i}", "amount": 0, "name": "x", "price": 1.5} for i in range(5) for _ in range(4)]
+    path = _parquet(spark, tmp_path, rows)
+    expected: list[Any] = []
+    run_main(_map_to_list(rows, expected))
+    for rules in ("all", "none"):
+        out = str(tmp_path / f"out-{rules}")
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            run(_rows_flow(SparkSource("parquet", path), out), spark=spark, rules=rules, explain=True)
+        if rules == "all":
+            assert "rule aggregate_sample: applied" in text.getvalue()
+        got = sorted((r.user, r.n) for r in spark.read.parquet(out).collect())
+        assert got == sorted((x["user"], x["n"]) for x in expected)
+        assert spark.read.parquet(out).schema == spark.createDataFrame(expected[:100]).schema
+
+
+def _map_to_list(rows: list[dict[str, Any]], out: list[Any]) -> Dataflow:
+    flow = Dataflow("sampled")
+    counts = op.count_final("count", op.input("inp", flow, TestingSource(rows)), _user)
+    big = op.filter("big", counts, lambda kv: kv[1] > 2)
+    op.output("out", op.map("row", big, _as_row), TestingSink(out))
+    return flow
+
+
+def test_a_step_failing_on_the_sampled_rows_names_the_step(spark, tmp_path):
+    rows = [{"user": u, "amount": 1, "name": "x", "price": 1.5} for u in ("a", "boom", "c") for _ in range(3)]
+    path = _parquet(spark, tmp_path, rows)
+    expected = _error(lambda: run_main(_map_to_list(rows, [])))
+    assert "sampled.row" in expected
+    for rules in ("all", "none"):
+        out = str(tmp_path / f"out-{rules}")
+        assert _error(
+            lambda o=out, r=rules: run(_rows_flow(SparkSource("parquet", path), o), spark=spark, rules=r)
+        ) == (expected)
 
 
 def _sum_flow(flow_id: str, step: str, value: Callable[[Any], Any]) -> Callable[[Any, dict[str, list[Any]]], Dataflow]:
@@ -215,3 +288,58 @@ def test_flowspark_plan_shows_the_aggregate(spark, tmp_path):
     from flowspark.spark.describe import describe_stage
 
     assert "groupBy('user').agg(sum('amount')" in plan.render(describe_stage)
+
+
+def _pair(kv):
+    return {"user": kv[0], "n": kv[1]}
+
+
+def _count_sum_rows(src: Any, outs: dict[str, Any]) -> Dataflow:
+    """Count and sum per user, each mapped by `_pair` to `outs[name]`: a list (TestingSink) or a SparkSink."""
+    flow = Dataflow("pairs")
+    s = op.input("inp", flow, src)
+    keyed = op.key_on("key", s, _user)
+    streams = {
+        "count": op.count_final("count", s, _user),
+        "total": op.reduce_final("total", op.map_value("amount", keyed, _amount), operator.add),
+    }
+    for name, stream in streams.items():
+        out = outs[name]
+        sink = TestingSink(out) if isinstance(out, list) else out
+        op.output(f"out_{name}", op.map(f"{name}_row", stream, _pair), sink)
+    return flow
+
+
+@pytest.mark.parametrize("schema", [None, "user STRING, n LONG", "user STRING, n INT"])
+def test_a_pair_mapped_to_a_dict_is_written_from_the_aggregate(spark, tmp_path, schema):
+    """`native_rows`: the aggregate's columns renamed; a column type other than the aggregate's keeps the map."""
+    rows = [{"user": f"u{i % 7}", "amount": i * 3 - 50, "name": "x", "price": 1.5} for i in range(60)]
+    path = _parquet(spark, tmp_path, rows)
+    expected: dict[str, list[Any]] = {"count": [], "total": []}
+    run_main(_count_sum_rows(TestingSource(rows), expected))
+    for rules in ("all", "-native_rows", "none"):
+        dirs = {name: str(tmp_path / f"{name}-{rules}") for name in expected}
+        sinks = {name: SparkSink("parquet", d, schema=schema) for name, d in dirs.items()}
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            run(_count_sum_rows(SparkSource("parquet", path), sinks), spark=spark, rules=rules, explain=True)
+        if rules == "all":
+            assert text.getvalue().count("rule native_rows: applied") == 2
+        for name, d in dirs.items():
+            df = spark.read.parquet(d)
+            assert sorted((r.user, r.n) for r in df.collect()) == sorted((x["user"], x["n"]) for x in expected[name])
+            want = schema or "n BIGINT, user STRING"  # inferred: pyspark sorts a dict's names
+            assert df.schema.simpleString() == spark.createDataFrame([], want).schema.simpleString()
+
+
+def test_a_sum_beyond_64_bits_in_a_long_column_fails_as_without_the_rules(spark, tmp_path):
+    rows = [{"user": "a", "amount": 2**63 - 1, "name": "x", "price": 1.5}] * 2
+    path = _parquet(spark, tmp_path, rows)
+    errors = []
+    for rules in ("all", "none"):
+        sinks = {name: SparkSink("parquet", str(tmp_path / f"{name}-{rules}")) for name in ("count", "total")}
+        errors.append(
+            _error(lambda s=sinks, r=rules: run(_count_sum_rows(SparkSource("parquet", path), s), spark=spark, rules=r))
+        )
+    assert errors[0] == errors[1]
+    assert "pairs.out_total" in errors[0]

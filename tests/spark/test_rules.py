@@ -99,6 +99,20 @@ def _v(r):
     return r["v"]
 
 
+def _total_row(kv):
+    return {"user": kv[0], "n": kv[1]}
+
+
+def _aggregated(src: Any, out: Any) -> Dataflow:
+    """`_reduce`'s sum as a row, written to a SparkSink without a schema: inferred from the aggregated rows."""
+    flow = Dataflow("aggregated")
+    keyed = op.key_on("key", op.input("inp", flow, src), _user)
+    total = op.reduce_final("total", op.map_value("v", keyed, _v), operator.add)
+    rows = op.map("row", total, _total_row)
+    op.output("out", rows, TestingSink(out) if isinstance(out, list) else SparkSink("parquet", out))
+    return flow
+
+
 def _to_rows(flow: Dataflow, counts: Any, out: Any, schema: Optional[str] = OUT_SCHEMA) -> Dataflow:
     rows = op.map("row", counts, _row)
     op.output("out", rows, TestingSink(out) if isinstance(out, list) else SparkSink("parquet", out, schema=schema))
@@ -141,6 +155,7 @@ FLOWS = {
         Flow("keyed", _keyed, "list", False),
         Flow("eof", _eof, "list", False),
         Flow("reduce", _reduce, "parquet", False),
+        Flow("aggregated", _aggregated, "parquet", True),
         Flow("rows", _rows, "list", True),
         Flow("columns", _rows, "parquet", True),
         Flow("sampled", _rows_sampled, "parquet", True),
@@ -156,6 +171,9 @@ CASES = [
     ("eof_only", "stage 1", "eof"),
     ("bare_state", "stage 1", "python_stream"),
     ("native_reduction", "stage 1", "reduce"),
+    ("long_sums", "stage 1", "aggregated"),
+    ("aggregate_sample", "sink aggregated.out", "aggregated"),
+    ("native_rows", "sink aggregated.out", "aggregated"),
     ("spark_keys", "stage 1", "columns"),
     ("spark_keys", "stage 1", "parquet_stream"),
     ("value_mappers", "stage 1", "columns"),
@@ -268,8 +286,8 @@ class Runs:
 
 
 def _per_key(rows: list[dict[str, Any]], sort: bool = False) -> dict[str, list[Any]]:
-    """Rows `{"user", "n", "seen"}` per user: `(n, seen)` in order (`sort`: by `n`, Spark's files have no order)."""
-    out = per_key((r["user"], (r["n"], r["seen"])) for r in rows)
+    """Rows `{"user", "n", "seen"}` (`seen` may be absent) per user: `(n, seen)` in order (`sort`: by `n`)."""
+    out = per_key((r["user"], (r["n"], r.get("seen"))) for r in rows)
     return {k: sorted(v) for k, v in out.items()} if sort else out
 
 
@@ -301,7 +319,9 @@ def test_rule_gives_the_reference_output(runs, rule, where, flow):
     assert with_all.output == in_memory.output
     assert without.output == in_memory.output
     assert reference.output == in_memory.output
-    assert sum(len(v) for v in in_memory.output.values()) == (5 if flow in ("eof", "reduce") else len(EVENTS))
+    assert sum(len(v) for v in in_memory.output.values()) == (
+        5 if flow in ("eof", "reduce", "aggregated") else len(EVENTS)
+    )
 
 
 def test_flowspark_rules_none_in_the_environment_switches_every_rule_off(spark, tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ import pytest
 
 import flowspark.operators as op
 from flowspark import ir
-from flowspark._keyfn import column_of
+from flowspark._keyfn import column_of, pair_row_of
 from flowspark.dataflow import Dataflow
 from flowspark.spark import SparkSource, compile_flow
 from flowspark.spark.optimize import Env, optimize
@@ -180,3 +180,37 @@ def test_a_testing_source_is_not_keyed_by_spark():
     plan = _physical(flow)
     assert plan.stages[1].spec.column_key is None
     assert not plan.decision("spark_keys", "stage 1").applied
+
+
+def _pair_row(kv):
+    return {"user": kv[0], "n": kv[1]}
+
+
+def _swapped(kv):
+    return {"n": kv[1], "user": kv[0]}
+
+
+@pytest.mark.parametrize(("fn", "fields"), [(_pair_row, ("user", "n")), (_swapped, ("user", "n"))])
+def test_a_pair_as_a_dict_of_two_names_is_recognised(fn, fields):
+    assert pair_row_of(fn) == fields
+    flow = Dataflow("rows")
+    op.output("out", op.map("row", op.input("inp", flow, TestingSource([("a", 1)])), fn), TestingSink([]))
+    assert _nodes(flow)["rows.row.flat_map_batch"].pair_row == fields
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda kv: {"user": kv[0], "n": kv[1] + 1},
+        lambda kv: {"user": kv[0], "n": kv[0]},
+        lambda kv: {"user": kv[1], "n": kv[2]},
+        lambda kv: {"user": kv["k"], "n": kv[1]},
+        lambda kv: {"user": kv[0], "n": kv[1], "x": 1},
+        lambda kv: {1: kv[0], "n": kv[1]},
+        lambda kv: {"user": kv[True], "n": kv[1]},
+        lambda kv: dict(user=kv[0], n=kv[1]),
+        lambda kv, extra=1: {"user": kv[0], "n": kv[1]},
+    ],
+)
+def test_other_mappers_are_not_a_pair_row(fn):
+    assert pair_row_of(fn) is None
