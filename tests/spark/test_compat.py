@@ -119,3 +119,8 @@ def test_rebuilt_by_value_reads_cloudpickles_table():
     assert compat.rebuilt_by_value(spark_cloudpickle, Local)
     assert not compat.rebuilt_by_value(cloudpickle, Local)
     assert not compat.rebuilt_by_value(spark_cloudpickle, int)
+
+
+def test_inferred_schema_is_what_create_data_frame_infers(spark):
+    rows = [{"user": "a", "n": 1, "x": 1.5}, {"user": "b", "n": 2, "x": None}]
+    assert compat.inferred_schema(spark, rows) == spark.createDataFrame(rows).schema

@@ -222,6 +222,7 @@ PRIVATE_PYSPARK = frozenset(
         "_gateway",
         "_explain_string",
         "_instantiatedSession",
+        "_inferSchemaFromList",
         "_DYNAMIC_CLASS_TRACKER_BY_CLASS",
         "statusStore",
         "PythonSQLUtils",
