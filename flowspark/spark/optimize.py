@@ -304,22 +304,25 @@ def _check_long_sums(w: _Work, sid: int) -> Optional[str]:
     return None
 
 
-def _check_aggregate_sample(w: _Work, step: str) -> Optional[str]:
-    if not w.applied("schema_sampling", f"sink {step}"):
-        return "schema_sampling did not apply"
+def _aggregate_sink(w: _Work, step: str, rule: str) -> Optional[str]:
+    """Why sink `step` is not one the rule `rule` applied to, fed by a Spark aggregate; `None` when it is."""
+    if not w.applied(rule, f"sink {step}"):
+        return f"{rule} did not apply"
     sid = w.sinks[step].port[0]
     if not w.applied("native_reduction", f"stage {sid}"):
         return f"stage {sid} is not a Spark aggregate (native_reduction)"
     return None
 
 
+def _check_aggregate_sample(w: _Work, step: str) -> Optional[str]:
+    return _aggregate_sink(w, step, "schema_sampling")
+
+
 def _check_native_rows(w: _Work, step: str) -> Optional[str]:
-    if not w.applied("sink_fusion", f"sink {step}"):
-        return "sink_fusion did not apply"
-    sid = w.sinks[step].port[0]
-    if not w.applied("native_reduction", f"stage {sid}"):
-        return f"stage {sid} is not a Spark aggregate (native_reduction)"
-    spec = w.spec(sid)
+    why = _aggregate_sink(w, step, "sink_fusion")
+    if why is not None:
+        return why
+    spec = w.spec(w.sinks[step].port[0])
     maps = [o for o in spec.ops if o.kind != "pass"]
     if spec.one_to_one_mappers() is None or len(maps) != 1 or maps[0].pair_row is None:
         return (
