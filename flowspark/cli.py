@@ -339,7 +339,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         else:
             plan, physical = streaming_physical_plans(flow, spark, args.buckets, rules=args.rules)
     if not plan.bounded:
-        streaming = Lowering(plan, args.buckets, needs_timers(plan), args.state_layout)
+        timers = needs_timers(plan)
+        # a new checkpoint's choice without state_ttl (`check_untimed`); the text says what a state_ttl changes
+        untimed = args.state_layout != "bucket" and not timers
+        streaming = Lowering(plan, args.buckets, timers, args.state_layout, untimed)
     describe = describe_stage if streaming is None else streaming.stage
     layout = _state_layout(plan, streaming, partitions)
     if args.format == "json":
@@ -518,7 +521,9 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
 
     plain = is_local(args.checkpoint, ("",))  # a path, not a URI
     checkpoint = str(Path(args.checkpoint).resolve()) if plain else args.checkpoint
-    check_streaming(flow, checkpoint, args.buckets, args.state_layout)  # before a session starts
+    check_streaming(
+        flow, checkpoint, args.buckets, args.state_layout, args.state_ttl is not None
+    )  # before a session starts
     spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}", remote=args.remote)
     progress: Any = False if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
     _run(

@@ -60,7 +60,11 @@ def run(
 
 
 def check_streaming(
-    flow: Any, checkpoint: str, buckets: Optional[int] = None, state_layout: Optional[str] = None
+    flow: Any,
+    checkpoint: str,
+    buckets: Optional[int] = None,
+    state_layout: Optional[str] = None,
+    state_ttl: bool = False,
 ) -> Plan:
     """Make the checks of a streaming run that need no SparkSession, before one starts.
 
@@ -74,6 +78,7 @@ def check_streaming(
         checkpoint: The checkpoint directory.
         buckets: The bucket count asked for (`None`: the default).
         state_layout: The state layout asked for (`None`: the checkpoint's).
+        state_ttl: Whether the run has a `state_ttl`.
 
     Returns:
         The compiled plan.
@@ -87,7 +92,7 @@ def check_streaming(
     if is_local(checkpoint):
         steps = [ks.step_id for ks in plan.keyed_steps()]
         n = DEFAULT_BUCKETS if buckets is None else buckets
-        check_recorded(checkpoint, plan.flow_id, n, steps, needs_timers(plan), state_layout, LAYOUTS)
+        check_recorded(checkpoint, plan.flow_id, n, steps, needs_timers(plan), state_layout, LAYOUTS, state_ttl)
     return plan
 
 

@@ -212,3 +212,53 @@ def test_state_ttl_may_change_between_runs_of_a_key_layout_checkpoint(spark, tmp
         run(_count_flow(root, out), state_layout="key", state_ttl=ttl, **opts)
         outs.extend(out)
     assert outs == [("amy", 1), ("amy", 2), ("amy", 3)]
+
+
+def test_a_key_or_chunk_checkpoint_records_whether_it_runs_untimed(tmp_path):
+    """No timers and no state_ttl: untimed (time mode "None"), for the checkpoint's lifetime."""
+    from flowspark.spark.streaming.checkpoint import check_layout, check_meta, check_recorded, check_untimed
+
+    def fresh(name: str, layout: str) -> str:
+        chk = str(tmp_path / name)
+        check_meta(chk, "f", 64, ["f.count"], timers=False)
+        check_layout(chk, layout, ("bucket", "key", "chunk"))
+        return chk
+
+    assert check_untimed(fresh("b", "bucket"), "bucket", False, False) is False  # the bucket layout has no TTL rows
+    assert check_untimed(fresh("t", "chunk"), "chunk", True, False) is False
+    assert check_untimed(fresh("l", "chunk"), "chunk", False, True) is False
+    chk = fresh("u", "chunk")
+    assert check_untimed(chk, "chunk", False, False) is True
+    os.makedirs(os.path.join(chk, "query"))  # its query ran: the choice is fixed
+    assert check_untimed(chk, "chunk", False, False) is True
+    with pytest.raises(RecoveryError, match="state rows carry no TTL; received a state_ttl"):
+        check_untimed(chk, "chunk", False, True)
+    with pytest.raises(RecoveryError, match="state rows carry no TTL; received a state_ttl"):
+        check_recorded(chk, "f", 64, ["f.count"], False, None, ("chunk",), ttl=True)
+    check_recorded(chk, "f", 64, ["f.count"], False, None, ("chunk",))
+    # A chunk checkpoint whose query ran before the choice was recorded ran timed, and stays so.
+    old = fresh("o", "chunk")
+    with open(os.path.join(old, "flowspark.json")) as f:
+        assert "untimed_state" not in json.load(f)
+    os.makedirs(os.path.join(old, "query"))
+    assert check_untimed(old, "chunk", False, False) is False
+    assert check_untimed(old, "chunk", False, True) is False
+
+
+@pytest.mark.parametrize("layout", ["key", "chunk"])
+def test_an_untimed_checkpoint_refuses_a_later_state_ttl(spark, tmp_path, layout):
+    from flowspark.spark import run
+
+    root, chk = str(tmp_path / "in"), str(tmp_path / "chk")
+    os.makedirs(f"{root}/b")
+    opts = {"spark": spark, "checkpoint": chk, "trigger": "available_now", "progress": False}
+    write_jsonl(f"{root}/a/0000.jsonl", [{"user": "amy"}, {"user": "bob"}, {"user": "amy"}])
+    out: list = []
+    run(_count_flow(root, out), state_layout=layout, **opts)
+    with open(os.path.join(chk, "flowspark.json")) as f:
+        assert json.load(f)["untimed_state"] is True
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": "amy"}])
+    with pytest.raises(RecoveryError, match="state rows carry no TTL"):
+        run(_count_flow(root, out), state_ttl=timedelta(hours=1), **opts)
+    run(_count_flow(root, out), **opts)
+    assert sorted(out) == [("amy", 1), ("amy", 2), ("amy", 3), ("bob", 1)]

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("pyspark")
 
 from flowspark.cli import main
-from flowspark.spark.streaming.checkpoint import META_FILE, check_layout, check_meta
+from flowspark.spark.streaming.checkpoint import META_FILE, check_layout, check_meta, check_untimed
 from flowspark.spark.streaming.state import LAYOUTS
 
 FLOWS = textwrap.dedent(
@@ -145,6 +145,15 @@ def test_another_state_layout_is_refused_before_spark(cwd, capsys):
     ck = _checkpoint(cwd / "ck", layout="bucket")
     line = _refused(capsys, ["run", "flows.py:counts()", "--checkpoint", ck, "--state-layout", "key"])
     assert "keeps its state in the 'bucket' layout; received state_layout='key'" in line
+
+
+def test_a_state_ttl_on_an_untimed_checkpoint_is_refused_before_spark(cwd, capsys):
+    path = cwd / "ck"
+    _checkpoint(path, layout="chunk", ran=False)
+    check_untimed(str(path), "chunk", False, False)  # what run_streaming records before the query starts
+    (path / "query").mkdir()
+    line = _refused(capsys, ["run", "flows.py:counts()", "--checkpoint", str(path), "--state-ttl", "3600"])
+    assert "was written by a query without state_ttl, whose state rows carry no TTL; received a state_ttl" in line
 
 
 def test_timers_on_a_timerless_checkpoint_are_refused_before_spark(cwd, capsys):

@@ -293,12 +293,12 @@ def test_plan_spark_streaming_shows_buckets_and_state_layout(tmp_path):
     assert "state: layout 'bucket': one row per bucket: pickle of {key: (snapshots, notify_at, run)}" in out
     res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--state-layout", "key")
     assert res.returncode == 0, res.stderr
-    assert "transformWithStateInPandas(timeMode=ProcessingTime; " in res.stdout
+    assert "transformWithStateInPandas(timeMode=None (ProcessingTime with a state_ttl); " in res.stdout
     assert "providerClass to RocksDBStateStoreProvider" in res.stdout  # the run changes the session: said
     assert "a MapState row per other key is read only when the key is touched" in res.stdout
     res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--state-layout", "chunk")
     assert res.returncode == 0, res.stderr
-    assert "transformWithStateInPandas(timeMode=ProcessingTime; " in res.stdout
+    assert "transformWithStateInPandas(timeMode=None (ProcessingTime with a state_ttl); " in res.stdout
     assert "the other keys sit in MapState chunks (crc32(key) % chunks, the count doubling past 512" in res.stdout
     res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--format", "json")
     doc = json.loads(res.stdout)["spark"]

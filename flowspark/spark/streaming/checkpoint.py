@@ -25,6 +25,7 @@ __all__ = [
     "check_meta",
     "check_recorded",
     "check_sink_log",
+    "check_untimed",
     "load_counts",
     "pin_schema",
     "pinned_schemas",
@@ -33,6 +34,10 @@ __all__ = [
 
 #: File in the checkpoint directory recording what the checkpoint belongs to.
 META_FILE = "flowspark.json"
+#: The choice (in `flowspark.json`) of a key or chunk layout query run in time mode "None" (`check_untimed`).
+UNTIMED = "untimed_state"
+#: The layout of a checkpoint whose query ran before layouts were recorded.
+LEGACY_LAYOUT = "bucket"
 #: File in the checkpoint directory with the last counts of keys and pending notifications
 #: per bucket (the progress line's; informational: rewritten after every micro-batch).
 COUNTS_FILE = "flowspark_state_counts.json"
@@ -100,7 +105,7 @@ def check_layout(checkpoint: str, layout: Optional[str], layouts: tuple[str, ...
     """
     path = join(checkpoint, META_FILE)
     meta = _read(path)
-    recorded = _recorded_layout(checkpoint, meta, layouts)
+    recorded = _recorded_layout(checkpoint, meta)
     if recorded is None:
         chosen = layout or layouts[0]
         meta["state_layout"] = chosen
@@ -110,13 +115,13 @@ def check_layout(checkpoint: str, layout: Optional[str], layouts: tuple[str, ...
     return recorded
 
 
-def _recorded_layout(checkpoint: str, meta: dict[str, Any], layouts: tuple[str, ...]) -> Optional[str]:
+def _recorded_layout(checkpoint: str, meta: dict[str, Any]) -> Optional[str]:
     """The layout a checkpoint's query ran with; `None` while no query ran (the layout is still free)."""
     if not files(checkpoint).exists(join(checkpoint, "query")):
         return None
     recorded = meta.get("state_layout")
-    # a query that ran before layouts were recorded used the bucket layout
-    return layouts[0] if recorded is None else str(recorded)
+    # a query that ran before layouts were recorded used the bucket layout (then the only one)
+    return LEGACY_LAYOUT if recorded is None else str(recorded)
 
 
 def _check_recorded_layout(checkpoint: str, recorded: str, layout: Optional[str]) -> None:
@@ -137,8 +142,9 @@ def check_recorded(
     timers: bool,
     layout: Optional[str],
     layouts: tuple[str, ...],
+    ttl: bool = False,
 ) -> None:
-    """Refuse, without writing anything, what `check_meta` and `check_layout` would refuse.
+    """Refuse, without writing anything, what `check_meta`, `check_layout` and `check_untimed` would refuse.
 
     For callers that check a run before starting a SparkSession (the `flowspark` command);
     a checkpoint without `flowspark.json` passes (it is new).
@@ -151,18 +157,57 @@ def check_recorded(
         timers: Whether the flow needs timers.
         layout: The state layout asked for, or `None`.
         layouts: The known layouts, the default first.
+        ttl: Whether the run has a `state_ttl`.
 
     Raises:
-        RecoveryError: The checkpoint belongs to another flow, bucket count, timers choice or layout.
+        RecoveryError: The checkpoint belongs to another flow, bucket count, timers choice or
+            layout, or its state rows have no TTL while the run has a `state_ttl`.
     """
     path = join(checkpoint, META_FILE)
     if not files(checkpoint).exists(path):
         return
     meta = _read(path)
     _check_recorded_meta(checkpoint, meta, flow_id, buckets, steps, timers)
-    recorded = _recorded_layout(checkpoint, meta, layouts)
+    recorded = _recorded_layout(checkpoint, meta)
     if recorded is not None:
         _check_recorded_layout(checkpoint, recorded, layout)
+        _check_untimed(checkpoint, bool(meta.get(UNTIMED, False)), ttl)
+
+
+def check_untimed(checkpoint: str, layout: str, timers: bool, ttl: bool) -> bool:
+    """Record whether a new checkpoint's key or chunk layout query runs untimed, or return the recorded choice.
+
+    Untimed: transformWithStateInPandas in time mode "None" with `MapState` rows without a
+    TTL, for a query with no timers and no `state_ttl` (Spark then plans no processing-time
+    work and runs no no-data micro-batches). Spark stores a row's TTL with the row, so the
+    choice is the checkpoint's for its lifetime; a checkpoint whose query ran before the
+    choice was recorded ran timed.
+
+    Args:
+        checkpoint: The checkpoint directory (`check_meta` and `check_layout` ran).
+        layout: The layout the query runs with.
+        timers: Whether the query runs with timers (the recorded choice).
+        ttl: Whether the run has a `state_ttl`.
+
+    Returns:
+        Whether the query runs untimed.
+
+    Raises:
+        RecoveryError: The checkpoint's query ran untimed and this run has a `state_ttl`.
+    """
+    untimed = check_flag(checkpoint, UNTIMED, layout != "bucket" and not timers and not ttl)
+    _check_untimed(checkpoint, untimed, ttl)
+    return untimed
+
+
+def _check_untimed(checkpoint: str, untimed: bool, ttl: bool) -> None:
+    if untimed and ttl:
+        msg = (
+            f"checkpoint {checkpoint!r} was written by a query without state_ttl, whose state rows carry no "
+            "TTL; received a state_ttl. Spark keeps a state row's TTL choice for the checkpoint's lifetime: "
+            "run without state_ttl, or start a new checkpoint directory with it"
+        )
+        raise RecoveryError(msg)
 
 
 def recorded_flag(checkpoint: str, name: str) -> Optional[bool]:

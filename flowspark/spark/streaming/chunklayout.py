@@ -212,7 +212,7 @@ class ChunkTable:
         return dump_state({"pending": self.pending, "timer": self.timer, "hot": self.hot, "n": self.n, "sizes": sizes})
 
 
-def chunk_processor(driver: Any, ttl: Optional[timedelta] = None) -> Any:
+def chunk_processor(driver: Any, ttl: Optional[timedelta] = None, timed: bool = True) -> Any:
     """Build the `StatefulProcessor` of the chunk layout (`transformWithStateInPandas`, see `ChunkTable`).
 
     Args:
@@ -220,9 +220,11 @@ def chunk_processor(driver: Any, ttl: Optional[timedelta] = None) -> Any:
         ttl: The run's `state_ttl`, also Spark's TTL of the chunk rows: a chunk is written
             whenever a key enters it, after that key's last value, so a chunk unwritten for the
             TTL holds only expired keys and leaves the state store without being read.
+        timed: Whether the query runs in processing-time mode with a TTL on the rows (see
+            `flowspark.spark.streaming.keylayout.tiered_processor`).
 
     Returns:
         The processor.
     """
     hot_cap, chunk_keys = HOT_PER_BUCKET, CHUNK_KEYS  # read now: the workers get the values
-    return tiered_processor(driver, ttl, CHUNKS, lambda rows, meta: ChunkTable(rows, meta, hot_cap, chunk_keys))
+    return tiered_processor(driver, ttl, CHUNKS, lambda rows, meta: ChunkTable(rows, meta, hot_cap, chunk_keys), timed)

@@ -152,7 +152,7 @@ class KeyTable:
         return dump_state({"pending": self.pending, "timer": self.timer, "keys": self.keys, "hot": self.hot})
 
 
-def key_processor(driver: Any, ttl: Optional[timedelta] = None) -> Any:
+def key_processor(driver: Any, ttl: Optional[timedelta] = None, timed: bool = True) -> Any:
     """Build the `StatefulProcessor` of the key layout (`transformWithStateInPandas`, see `KeyTable`).
 
     Args:
@@ -160,16 +160,22 @@ def key_processor(driver: Any, ttl: Optional[timedelta] = None) -> Any:
         ttl: The run's `state_ttl`, also given to Spark as the TTL of the per-key rows, so
             the rows of keys that get no value leave the state store without being read
             (Spark counts from a row's last write, never earlier than the key's last value).
+        timed: Whether the query runs in processing-time mode with a TTL on the rows (see
+            `tiered_processor`).
 
     Returns:
         The processor.
     """
     hot_cap = HOT_PER_BUCKET  # read now: the workers get the value
-    return tiered_processor(driver, ttl, ENTRIES, lambda rows, meta: KeyTable(rows, meta, hot_cap))
+    return tiered_processor(driver, ttl, ENTRIES, lambda rows, meta: KeyTable(rows, meta, hot_cap), timed)
 
 
 def tiered_processor(
-    driver: Any, ttl: Optional[timedelta], map_state: tuple[str, str, str], table: Callable[[Any, Optional[bytes]], Any]
+    driver: Any,
+    ttl: Optional[timedelta],
+    map_state: tuple[str, str, str],
+    table: Callable[[Any, Optional[bytes]], Any],
+    timed: bool = True,
 ) -> Any:
     """Build the `StatefulProcessor` of a layout with a bookkeeping row per bucket and a `MapState` (key, chunk).
 
@@ -180,6 +186,12 @@ def tiered_processor(
         table: Builds a bucket's table from the `MapState` and the bookkeeping row (or `None`):
             `KeyTable` or `flowspark.spark.streaming.chunklayout.ChunkTable` (`get`, item
             assignment, `pop`, `flush`, `pending`, `timer`, `changed`, `keys`, `meta`).
+        timed: Whether the query runs in processing-time mode (`timeMode="ProcessingTime"`),
+            with a TTL on the `MapState` rows (`ttl`, or 100 years without one). A query
+            without timers and without `state_ttl` runs with `timed=False` (time mode "None",
+            rows without a TTL): Spark then plans no processing-time work and runs no no-data
+            micro-batches. Spark stores a row's TTL with the row, so a checkpoint keeps its
+            choice (`flowspark.spark.streaming.checkpoint.check_timed`).
 
     Returns:
         The processor.
@@ -187,8 +199,8 @@ def tiered_processor(
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
     # Spark stores a TTL with each MapState row when one is configured, so a checkpoint cannot
-    # switch between with and without: without state_ttl the rows get a TTL of 100 years.
-    ttl_ms = max(1, int((ttl or _NO_TTL) / timedelta(milliseconds=1)))
+    # switch between with and without: a timed query without state_ttl gives its rows 100 years.
+    ttl_ms = max(1, int((ttl or _NO_TTL) / timedelta(milliseconds=1))) if timed else None
 
     class TieredProcessor(StatefulProcessor):
         def init(self, handle: Any) -> None:

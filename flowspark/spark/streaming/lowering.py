@@ -145,12 +145,15 @@ class Lowering:
         buckets: State buckets of every keyed stage.
         timers: Whether the query runs with timers (processing-time timeouts).
         layout: The state layout (`flowspark.spark.streaming.state.LAYOUTS`).
+        untimed: Whether a key or chunk layout query runs in time mode "None", its rows
+            without a TTL (no timers, no `state_ttl`: `checkpoint.check_untimed`).
     """
 
     plan: Plan
     buckets: int
     timers: bool
     layout: str = "bucket"
+    untimed: bool = False
 
     @property
     def chained(self) -> bool:
@@ -175,6 +178,16 @@ class Lowering:
         """Whether keyed stages use transformWithStateInPandas (chains, or the key or chunk layout)."""
         return self.chained or self.layout != "bucket"
 
+    @property
+    def time_mode(self) -> str:
+        """The time mode of transformWithStateInPandas.
+
+        Processing time with timers, or for a key or chunk layout's rows with a TTL
+        (`state_ttl`, or a checkpoint begun so); else "None".
+        """
+        timed = self.timers or (self.layout != "bucket" and not self.untimed)
+        return "ProcessingTime" if timed else "None"
+
     def keyed_op(self) -> str:
         """The Spark operator every keyed stage lowers to, with its timeout mode.
 
@@ -182,10 +195,10 @@ class Lowering:
             The text.
         """
         if self.tws:
-            mode = "ProcessingTime" if self.timers or self.layout != "bucket" else "None"
             # It needs the RocksDB state store: the run sets it on the session (said here, and in run_streaming).
             return (
-                f"transformWithStateInPandas(timeMode={mode}; the run sets the session's "
+                f"transformWithStateInPandas(timeMode={self.time_mode}"
+                f"{' (ProcessingTime with a state_ttl)' if self.untimed else ''}; the run sets the session's "
                 "spark.sql.streaming.stateStore.providerClass to RocksDBStateStoreProvider)"
             )
         return f"applyInPandasWithState({'ProcessingTimeTimeout' if self.timers else 'NoTimeout'})"

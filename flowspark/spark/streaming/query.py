@@ -89,6 +89,8 @@ class StreamingRun:
         self.max_items: int = options["max_items"]
         self.timers: bool = options.get("timers", True)
         self.layout: str = options.get("layout", "bucket")
+        #: A key or chunk layout query in time mode "None" (`checkpoint.check_untimed`).
+        self.untimed: bool = bool(options.get("untimed", False))
         self.state_ttl: Optional[timedelta] = options.get("state_ttl")
         self.progress: Optional[Callable[[str], None]] = options.get("progress")
         #: Empty a file sink's directory that holds another query's log instead of refusing it.
@@ -98,7 +100,7 @@ class StreamingRun:
         self.batches = 0
         self._sink_parts: dict[str, Any] = {}
         self._error: Optional[BaseException] = None
-        self.lowering = Lowering(plan, self.buckets, self.timers, self.layout)
+        self.lowering = Lowering(plan, self.buckets, self.timers, self.layout, self.untimed)
         self.routes = routes(plan) if self.lowering.routed else None
         self._sink_struct: Any = None
         self._sink_fused_stage: Optional[int] = None
@@ -201,12 +203,13 @@ class StreamingRun:
             driver.time_columns = self._time_columns.get(spec.stage_id, ())
             driver.time_zone = self.spark.conf.get("spark.sql.session.timeZone")
         out_schema = ROW_SCHEMA if driver.sink_rows is None else self._sink_struct
+        mode = self.lowering.time_mode
         if self.layout in ("key", "chunk"):
-            # Always processing time: Spark's TTL of the MapState rows (state_ttl) needs it, and
-            # a checkpoint's time mode cannot change between runs.
+            # Processing time unless untimed: Spark's TTL of the MapState rows (state_ttl) needs
+            # it, and a checkpoint's time mode cannot change between runs.
             proc = driver.key_processor if self.layout == "key" else driver.chunk_processor
             return df.groupBy("bucket").transformWithStateInPandas(
-                proc(self.state_ttl), out_schema, "Append", "ProcessingTime"
+                proc(self.state_ttl, mode == "ProcessingTime"), out_schema, "Append", mode
             )
         if not self.lowering.chained:
             return df.groupBy("bucket").applyInPandasWithState(
@@ -216,9 +219,7 @@ class StreamingRun:
                 "append",
                 "ProcessingTimeTimeout" if self.timers else "NoTimeout",
             )
-        return df.groupBy("bucket").transformWithStateInPandas(
-            driver.processor(), out_schema, "Append", "ProcessingTime" if self.timers else "None"
-        )
+        return df.groupBy("bucket").transformWithStateInPandas(driver.processor(), out_schema, "Append", mode)
 
     def _state_counts(self) -> Any:
         """The accumulator the keyed stages report their state counts to (seeded from the checkpoint)."""
@@ -375,7 +376,7 @@ class StreamingRun:
         self.plan = optimize(self.plan, env)
         for name, applied in shape_choices(self.plan).items():
             check_flag(self.checkpoint, name, applied)
-        self.lowering = Lowering(self.plan, self.buckets, self.timers, self.layout)
+        self.lowering = Lowering(self.plan, self.buckets, self.timers, self.layout, self.untimed)
         return self.plan
 
     def _column_key_input(self, spec: StageSpec, df: Any, file_order: bool = False) -> Any:

@@ -14,6 +14,7 @@ from flowspark.spark.session import quiet_query_context
 from flowspark.spark.streaming.checkpoint import (
     check_layout,
     check_meta,
+    check_untimed,
 )
 from flowspark.spark.streaming.ckfs import check_reachable, is_local
 from flowspark.spark.streaming.listen import Listener, make_listener, remove_listeners, wait_for_run
@@ -151,6 +152,7 @@ def run_streaming(
         check_reachable(spark, checkpoint)
     timers = check_meta(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan))
     layout = check_layout(checkpoint, state_layout, LAYOUTS)
+    untimed = check_untimed(checkpoint, layout, timers, state_ttl is not None)
     if spark is None:
         spark = get_session()
     ensure_workers(spark)
@@ -172,6 +174,7 @@ def run_streaming(
             "max_items": max_items,
             "timers": timers,
             "layout": layout,
+            "untimed": untimed,
             "state_ttl": state_ttl,
             "carry": carry,
             "clear_outputs": clear_outputs,

@@ -672,27 +672,29 @@ class BucketDriver:
 
         return BucketProcessor()
 
-    def key_processor(self, ttl: Optional[timedelta] = None) -> Any:
+    def key_processor(self, ttl: Optional[timedelta] = None, timed: bool = True) -> Any:
         """Build the `StatefulProcessor` of the key layout (`flowspark.spark.streaming.keylayout.key_processor`).
 
         Args:
             ttl: The run's `state_ttl` (also Spark's TTL of the per-key rows).
+            timed: Whether the query runs in processing-time mode (see `tiered_processor`).
 
         Returns:
             The processor.
         """
-        return key_processor(self, ttl)
+        return key_processor(self, ttl, timed)
 
-    def chunk_processor(self, ttl: Optional[timedelta] = None) -> Any:
+    def chunk_processor(self, ttl: Optional[timedelta] = None, timed: bool = True) -> Any:
         """Build the `StatefulProcessor` of the chunk layout (`flowspark.spark.streaming.chunklayout.chunk_processor`).
 
         Args:
             ttl: The run's `state_ttl` (also Spark's TTL of the chunk rows).
+            timed: Whether the query runs in processing-time mode (see `tiered_processor`).
 
         Returns:
             The processor.
         """
-        return chunk_processor(self, ttl)
+        return chunk_processor(self, ttl, timed)
 
 
 def _load(blob: Optional[bytes]) -> dict[str, Any]:
