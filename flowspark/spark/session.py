@@ -298,6 +298,49 @@ def ensure_workers(spark: Any) -> None:
     _READY.add(key)
 
 
+#: pyspark's driver-side worker of `transformWithStateInPandas` (`worker_python`).
+TWS_DRIVER_WORKER = "pyspark.sql.streaming.transform_with_state_driver_worker"
+
+
+def worker_python() -> str:
+    """The interpreter a local session flowspark creates gives its Python workers.
+
+    This interpreter, through a small `sh` script that drops the standard output of one
+    worker: pyspark's driver-side worker of `transformWithStateInPandas` (started once per
+    query to learn the state variables) prints five debug lines there ("Starting Streaming
+    TransformWithStateInPandas Python worker." ...), which Spark copies to stderr. It talks
+    to Spark over a socket and reports errors there and on its stderr, which stays as it
+    is; every other worker runs the interpreter unchanged (`exec`). Not on Windows (no
+    `sh`): this interpreter itself.
+
+    Returns:
+        The script's path (in the temporary directory, one per interpreter and user), or
+        `sys.executable`.
+    """
+    import shlex
+    import zlib
+
+    if os.name != "posix":
+        return sys.executable
+    exe = shlex.quote(sys.executable)
+    text = (
+        "#!/bin/sh\n"
+        "# flowspark: Spark's Python workers run this interpreter; the stdout of pyspark's driver-side\n"
+        "# transformWithStateInPandas worker (debug prints Spark copies to stderr) is dropped.\n"
+        f'if [ "$1" = "-m" ] && [ "$2" = "{TWS_DRIVER_WORKER}" ]; then exec {exe} "$@" >/dev/null; fi\n'
+        f'exec {exe} "$@"\n'
+    )
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    path = Path(tempfile.gettempdir()) / f"flowspark-python-{uid}-{zlib.crc32(text.encode()):08x}"
+    if not (path.exists() and path.read_text() == text):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755)  # noqa: S103 - an interpreter others may run, as the interpreter itself
+        os.replace(tmp, path)
+    return str(path)
+
+
 def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None) -> Any:
     """Return the active SparkSession, or create a local one with sensible defaults.
 
@@ -325,6 +368,8 @@ def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None)
     remote = os.environ.get("SPARK_REMOTE")
     if remote:  # pyspark's own switch to Spark Connect (also set by Databricks Connect set-ups)
         return connect_session(remote, conf)
+    if master.startswith("local"):
+        os.environ.setdefault("PYSPARK_PYTHON", worker_python())
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local"):

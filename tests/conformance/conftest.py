@@ -7,6 +7,9 @@ restart continues with the rest from the checkpoint. Streaming has no end of inp
 end of input emits (`*_final` operators, windows and `collect` closing at EOF, `on_eof`,
 `join(emit_mode="final")`) is marked on the case with `notimpl(["spark-streaming"], ...)`.
 
+"spark-streaming-key" and "spark-streaming-chunk" run the streaming cases on the key and chunk
+state layouts (transformWithStateInPandas), which must give the default layout's results.
+
 "spark-rules-none" and "spark-streaming-rules-none" run the same lowerings with every
 optimizer rule switched off (`rules="none"`, the reference lowering): each rule's fast path must
 give the results the reference does (`flowspark.spark.optimize`). They behave as "spark" and
@@ -66,7 +69,12 @@ _SAME_AS = {
     "spark-connect-streaming": "spark-streaming",
     "spark-rules-none": "spark",
     "spark-streaming-rules-none": "spark-streaming",
+    "spark-streaming-key": "spark-streaming",
+    "spark-streaming-chunk": "spark-streaming",
 }
+
+#: Streaming runtimes on an explicit state layout (the others run on a new checkpoint's default).
+_LAYOUT = {"spark-streaming-key": "key", "spark-streaming-chunk": "chunk"}
 
 #: Runtimes that run with every optimizer rule switched off.
 _RULES_NONE = {"spark-rules-none", "spark-streaming-rules-none"}
@@ -78,6 +86,8 @@ _PARAMS = (
         pytest.param("spark-streaming", marks=[pytest.mark.spark, pytest.mark.slow]),
         pytest.param("spark-rules-none", marks=pytest.mark.spark),
         pytest.param("spark-streaming-rules-none", marks=[pytest.mark.spark, pytest.mark.slow]),
+        pytest.param("spark-streaming-key", marks=[pytest.mark.spark, pytest.mark.slow]),
+        pytest.param("spark-streaming-chunk", marks=[pytest.mark.spark, pytest.mark.slow]),
     ]
     if not _CONNECT
     else [
@@ -128,6 +138,7 @@ def runtime(request, tmp_path):
                     clock=clock,
                     max_items=1000,
                     rules=rules,
+                    state_layout=_LAYOUT.get(request.param),
                 )
 
         return Runtime(request.param, run_stream)

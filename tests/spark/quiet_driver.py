@@ -16,11 +16,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def quick_start(work: Path) -> None:
-    """docs/streaming.md's first snippet, with its `/data/...` paths under `work`, over one JSON file."""
+def quick_start(work: Path, layout: str = "") -> None:
+    """docs/streaming.md's first snippet, with its `/data/...` paths under `work`, over one JSON file.
+
+    With `layout`, run with that `state_layout` (the key and chunk layouts run on
+    transformWithStateInPandas, whose driver-side worker prints debug lines unless silenced).
+    """
     text = (ROOT / "docs" / "streaming.md").read_text()
     code = re.search(r"```python\n(.*?)```", text, re.S).group(1)  # type: ignore[union-attr]
     code = code.replace('"/data/', f'"{work}/')
+    if layout:
+        run_call = 'trigger="available_now")'
+        assert run_call in code, code
+        code = code.replace(run_call, f'trigger="available_now", state_layout={layout!r})')
     (work / "clicks").mkdir(parents=True)
     rows = [{"user": u, "url": "/"} for u in ["ann", "bob", "ann"]]
     (work / "clicks" / "1.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -30,6 +38,7 @@ def quick_start(work: Path) -> None:
 def main() -> None:
     work = Path(sys.argv[1])
     quick_start(work)
+    quick_start(work / "chunk", "chunk")
     for example in sorted((ROOT / "examples" / "streaming").glob("*.py")):
         if example.name != "common.py":
             runpy.run_path(str(example), run_name="__main__")

@@ -1,6 +1,7 @@
 """A successful run prints nothing on stderr the user did not ask for.
 
-The docs' streaming quick-start, every streaming example and the batch example run in a fresh
+The docs' streaming quick-start (also on the chunk layout: transformWithStateInPandas), every
+streaming example and the batch example run in a fresh
 process on the session flowspark creates (as a user runs them): stderr holds no log line, no
 Java frame, no warning and no banner, but the one line the JVM itself prints for the module
 Spark's launcher always adds (no setting turns it off; docs/streaming.md "Errors and Spark's log").
@@ -22,7 +23,8 @@ JVM_LINE = "WARNING: Using incubator modules: jdk.incubator.vector"
 
 
 def test_the_quick_start_and_the_examples_print_nothing_on_stderr(tmp_path):
-    mine = ("SPARK_CONF_DIR", "FLOWSPARK_SPARK_LOG_LEVEL", "PYTHONPATH")  # a user's shell has none of them
+    # a user's shell has none of them (the suite's conftest sets PYSPARK_PYTHON)
+    mine = ("SPARK_CONF_DIR", "FLOWSPARK_SPARK_LOG_LEVEL", "PYTHONPATH", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON")
     env = {k: v for k, v in os.environ.items() if k not in mine}
     driver = Path(__file__).with_name("quiet_driver.py")
     done = subprocess.run(
