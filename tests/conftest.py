@@ -12,7 +12,10 @@ import pytest
 def spark():
     """A local[2] SparkSession (2 shuffle partitions, UI off, AQE off, Arrow on), shared by every test."""
     pytest.importorskip("pyspark")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from flowspark.spark.session import worker_python
+
+    # The workers a local session flowspark creates get (this interpreter, through a script).
+    os.environ.setdefault("PYSPARK_PYTHON", worker_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # Python workers import test modules (functions defined there are pickled by reference):
     # give them the driver's import path. Every test directory is added, since pytest puts

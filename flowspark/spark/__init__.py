@@ -14,10 +14,37 @@ sources and sinks), `session` (sessions, shipping user modules), `tools`
 (physical plans, progress, checkpoint state for the CLI).
 """
 
-from flowspark.spark.api import run
-from flowspark.spark.compiler import compile_flow
-from flowspark.spark.inputs import SparkSource
-from flowspark.spark.outputs import ForeachBatchSink, SparkSink
-from flowspark.spark.plan import Plan
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flowspark.spark.api import run
+    from flowspark.spark.compiler import compile_flow
+    from flowspark.spark.inputs import SparkSource
+    from flowspark.spark.outputs import ForeachBatchSink, SparkSink
+    from flowspark.spark.plan import Plan
 
 __all__ = ["ForeachBatchSink", "Plan", "SparkSink", "SparkSource", "compile_flow", "run"]
+
+#: Where each name of `__all__` lives. Imported on first use: a Python worker that unpickles a
+#: function of one submodule (e.g. `flowspark.spark.streaming.state`) does not import them all.
+_HOMES = {
+    "ForeachBatchSink": "flowspark.spark.outputs",
+    "Plan": "flowspark.spark.plan",
+    "SparkSink": "flowspark.spark.outputs",
+    "SparkSource": "flowspark.spark.inputs",
+    "compile_flow": "flowspark.spark.compiler",
+    "run": "flowspark.spark.api",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        msg = f"module 'flowspark.spark' has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

@@ -34,11 +34,17 @@ Modules: `lowering` (the choices for a plan, described stage by stage), `query`
 checkpoint's metadata), `ckfs`, `deadletter`, `outbox`, `routing`.
 """
 
-from flowspark.spark.streaming.checkpoint import META_FILE, check_meta
-from flowspark.spark.streaming.lowering import Lowering, compile_streaming, needs_timers
-from flowspark.spark.streaming.query import StreamingRun
-from flowspark.spark.streaming.run import run_streaming
-from flowspark.spark.streaming.state import BucketDriver
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flowspark.spark.streaming.checkpoint import META_FILE, check_meta
+    from flowspark.spark.streaming.lowering import Lowering, compile_streaming, needs_timers
+    from flowspark.spark.streaming.query import StreamingRun
+    from flowspark.spark.streaming.run import run_streaming
+    from flowspark.spark.streaming.state import BucketDriver
 
 __all__ = [
     "META_FILE",
@@ -50,3 +56,25 @@ __all__ = [
     "needs_timers",
     "run_streaming",
 ]
+
+#: Where each name of `__all__` lives, imported on first use (see `flowspark.spark`'s `_HOMES`).
+_HOMES = {
+    "META_FILE": "flowspark.spark.streaming.checkpoint",
+    "BucketDriver": "flowspark.spark.streaming.state",
+    "Lowering": "flowspark.spark.streaming.lowering",
+    "StreamingRun": "flowspark.spark.streaming.query",
+    "check_meta": "flowspark.spark.streaming.checkpoint",
+    "compile_streaming": "flowspark.spark.streaming.lowering",
+    "needs_timers": "flowspark.spark.streaming.lowering",
+    "run_streaming": "flowspark.spark.streaming.run",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        msg = f"module 'flowspark.spark.streaming' has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value

@@ -196,8 +196,13 @@ def tiered_processor(
     Returns:
         The processor.
     """
+    import cloudpickle
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
+    # The driver travels as bytes, loaded at a processor's first call: Spark first runs the
+    # processor's `init` alone in a new Python process on the driver, once per query, to learn
+    # the state variables; that process then imports neither the stage's modules nor the user's.
+    blob = cloudpickle.dumps(driver, protocol=5)
     # Spark stores a TTL with each MapState row when one is configured, so a checkpoint cannot
     # switch between with and without: a timed query without state_ttl gives its rows 100 years.
     ttl_ms = max(1, int((ttl or _NO_TTL) / timedelta(milliseconds=1))) if timed else None
@@ -207,8 +212,12 @@ def tiered_processor(
             self.handle = handle
             self.entries = handle.getMapState(*map_state, ttlDurationMs=ttl_ms)
             self.meta = handle.getValueState(*META)
+            self.driver: Any = None
 
         def _run(self, key: Any, pdfs: Iterator[Any], timer_values: Any, fired: Optional[int]) -> Iterator[Any]:
+            driver = self.driver
+            if driver is None:
+                driver = self.driver = pickle.loads(blob)  # noqa: S301 - our own driver, pickled above
             now = driver.now(timer_values.getCurrentProcessingTimeInMs)
             if driver.route is not None and key[0] == driver.forward_group:
                 out = driver.call({}, pdfs, now, key[0])
