@@ -351,13 +351,21 @@ def test_a_sink_without_schema_infers_it_from_the_first_100_items_on_both_loweri
         assert outcomes[0].startswith("error in step 'job.out': cannot infer the rows' schema")
 
 
-def test_the_first_keys_sample_reads_partition_0_as_the_stage_does(spark, tmp_path):
-    # 200 keys of 3 rows each, x = None, except key z, the 10th key Spark puts in partition 0
+@pytest.mark.parametrize("takes", [None, (5, 400), (5, 10)])
+def test_the_first_keys_sample_reads_partition_0_as_the_stage_does(spark, tmp_path, monkeypatch, takes):
+    # 600 keys of 3 rows each, x = None, except key z, the 10th key Spark puts in partition 0
     # of 3: only partition 0's first keys, in sorted order, give its 3 longs to the first 100
     # items, so inferring the schema succeeds only if the sample reads what partition 0 runs.
+    # `takes`: the rows the sample takes from partition 0 (`columns.SAMPLE_ROWS`): all of it
+    # (None: the default), a cut first take then a second one that gives 100 items (the cut
+    # key's rows dropped), or two cut takes too small (the full sampling job then runs).
     from pyspark.sql import functions as F  # noqa: N812,TID251
 
-    keys = [f"k{i:03d}" for i in range(200)]
+    from flowspark.spark import columns
+
+    if takes is not None:
+        monkeypatch.setattr(columns, "SAMPLE_ROWS", takes)
+    keys = [f"k{i:03d}" for i in range(600)]
     part = spark.createDataFrame([(k,) for k in keys], "user string").select(
         "user", F.pmod(F.hash("user"), F.lit(3)).alias("p")
     )
@@ -372,7 +380,7 @@ def test_the_first_keys_sample_reads_partition_0_as_the_stage_does(spark, tmp_pa
         got.append((df.schema.simpleString(), sorted(df.collect())))
     assert got[0] == got[1]
     assert got[0][0] == "struct<user:string,x:bigint>"
-    assert len(got[0][1]) == 600
+    assert len(got[0][1]) == 1800
 
 
 def _times_flow(source: Any, key: Any, out: list[Any]) -> Dataflow:
