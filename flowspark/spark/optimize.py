@@ -34,7 +34,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from flowspark.spark.columns import ID_COLUMN
-from flowspark.spark.plan import Aggregate, ColumnKey, Decision, Plan, SinkPlan, StagePlan, StageSpec
+from flowspark.spark.plan import Aggregate, ColumnKey, Decision, Plan, SinkPlan, StageSpec
+from flowspark.spark.rulebook import Rule, Work
+
+_Work = Work
 
 __all__ = [
     "RULES",
@@ -87,64 +90,6 @@ class Env:
     atomic_sinks: frozenset[str] = frozenset()
     recorded: Mapping[str, bool] = field(default_factory=dict)
     float_reductions: bool = False
-
-
-class _Work:
-    """The plan being optimized: mutable copies of its stage specs and sinks."""
-
-    def __init__(self, plan: Plan, env: Env) -> None:
-        self.plan = plan
-        self.env = env
-        self.specs = {st.spec.stage_id: st.spec for st in plan.stages}
-        self.sinks = {sk.step_id: sk for sk in plan.sinks}
-        self.done: set[tuple[str, str]] = set()  # (rule, where) that applied
-
-    def stage(self, sid: int) -> StagePlan:
-        return self.plan.stages[sid]
-
-    def spec(self, sid: int) -> StageSpec:
-        return self.specs[sid]
-
-    def set(self, sid: int, **changes: Any) -> None:
-        self.specs[sid] = dataclasses.replace(self.specs[sid], **changes)
-
-    def add_mode(self, sid: int, mode: str) -> None:
-        self.set(sid, modes=self.specs[sid].modes | {mode})
-
-    def applied(self, rule: str, where: str) -> bool:
-        return (rule, where) in self.done
-
-    def sink_of(self, sid: int) -> Optional[SinkPlan]:
-        """The sink that is the only reader of stage `sid`'s only port, if any."""
-        for sk in self.sinks.values():
-            if sk.port == (sid, 0) and len(self.spec(sid).ports) == 1 and self.plan.readers(sk.port) == [sk.step_id]:
-                return sk
-        return None
-
-
-@dataclass(frozen=True)
-class Rule:
-    """One fast path.
-
-    Attributes:
-        name: Its name (what `rules=` switches off).
-        scope: `stage`, `sink` or `query`: what it is decided for.
-        targets: The lowerings it applies to.
-        shape: Whether it changes a streaming query's shape (recorded in the checkpoint).
-        summary: What it does, in a sentence.
-        subjects: The kinds of stage (`keyed`, `source`, `map`) it is decided for, for `stage` rules.
-        check: `(work, subject) -> None | reason` (subject: stage id, sink step id or `None`).
-        apply: `(work, subject) -> None`: set the modes.
-    """
-
-    name: str
-    scope: str
-    targets: frozenset[str]
-    shape: bool
-    summary: str
-    check: Callable[[_Work, Any], Optional[str]]
-    apply: Callable[[_Work, Any], None]
-    subjects: frozenset[str] = frozenset({"keyed"})
 
 
 # -- the rules' checks and effects ---------------------------------------------------------------
