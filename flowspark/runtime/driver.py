@@ -20,6 +20,9 @@ Two timelines are offered here:
   due notification fires (re-reading `notify_at()` after each fire; a time equal
   to the one just fired does not fire again at the same point); at the end of
   the key's values due notifications fire, then `on_eof` (when `eof=True`).
+  A runtime that keeps, with a key's snapshot, the `notify_at()` it read after the
+  logic's last hook passes it on (`due`): when it is not due by `now`, a logic rebuilt
+  from that snapshot is not asked again before its first activation.
 
 Tags. `drive` carries each value's *tag*, bytes that sort in processing order
 (the Spark runtimes' sequences, see `flowspark.spark.codec`). An emit gets its
@@ -62,6 +65,7 @@ __all__ = [
     "EOF_HEADER",
     "HEAD_LEN",
     "SOURCE_LEN",
+    "UNKNOWN",
     "StepDriver",
     "bad_item_error",
     "drive_chain",
@@ -93,6 +97,8 @@ _KEY_CHUNK = 4096
 _ATOMIC = frozenset({type(None), int, float, bool, complex, str, bytes})
 _PACK_Q = struct.Struct(">Q").pack
 _KEY_OF = itemgetter(0)
+#: `StepDriver.drive`'s `due` when the runtime does not know the logic's schedule.
+UNKNOWN: Any = object()
 
 Emits = list[tuple[bytes, Any]]
 
@@ -670,7 +676,14 @@ class StepDriver:
             raise self.fail(key, e) from e
 
     def drive(
-        self, key: str, items: list[tuple[bytes, Any]], logic: Any, now: datetime, eof: bool, tags: bool = True
+        self,
+        key: str,
+        items: list[tuple[bytes, Any]],
+        logic: Any,
+        now: datetime,
+        eof: bool,
+        tags: bool = True,
+        due: Any = UNKNOWN,
     ) -> tuple[Emits, Any]:
         """Run the step over one key's tagged values at a fixed `now` (see the module doc).
 
@@ -682,6 +695,10 @@ class StepDriver:
             eof: Whether the key's input ends here (due notifications, then `on_eof`).
             tags: `False` when nobody reads the emits' tags: the values' emits (and those of
                 notifications fired before them) then get empty tags (same emits, same order).
+            due: The key's schedule as the runtime last read it (see the module doc): a time
+                no later than the earliest `notify_at()` of `logic`, or `None` when it asked
+                for none. When nothing is due by `now`, `notify_at()` is not read before the
+                first activation. Default `UNKNOWN`: read it.
 
         Returns:
             `(emits as (tag, value) pairs in order, logic or None)`.
@@ -711,11 +728,12 @@ class StepDriver:
             if logic is None:
                 logic, fresh = self.build(key), True
             ws: list[Any] = []
-            if not fresh:
+            if not fresh and (due is UNKNOWN or (due is not None and due <= now)):
                 logic, ws = self.fire_due(key, logic, now)
             if logic is None:
                 logic = self.build(key)
             fresh = False
+            due = UNKNOWN  # the values change what the logic waits for
             more, discard = self.feed(key, logic, [v for _, v in chunk])
             ws.extend(more)
             if ws:
@@ -791,6 +809,7 @@ def drive_chain(
     eof: bool = True,
     fed: Optional[list[bool]] = None,
     tags: bool = True,
+    due: Any = UNKNOWN,
 ) -> tuple[Emits, list[Any]]:
     """Run a fused chain of stateful steps over the values of one key.
 
@@ -813,6 +832,8 @@ def drive_chain(
         tags: `False` when the caller reads no tags of the emits (see `StepDriver.drive`).
             A step followed by one that emits only at EOF (`StepDriver.eof_only`) gets
             `False` too: nobody reads its emits' tags.
+        due: The earliest notification time of `logics` as the runtime last read it (see
+            `StepDriver.drive`), for every step; default `UNKNOWN`.
 
     Returns:
         `(emits, logics)`: the last step's emits as `(tag, value)` pairs in order
@@ -828,7 +849,7 @@ def drive_chain(
     for i, d in enumerate(drivers):
         if fed is not None:
             fed.append(bool(items))
-        items, logic = d.drive(key, items, cur[i], now, eof, read[i])
+        items, logic = d.drive(key, items, cur[i], now, eof, read[i], due)
         new.append(logic)
     return items, new
 

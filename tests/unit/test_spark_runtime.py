@@ -692,3 +692,70 @@ def test_a_new_logic_is_not_notified_before_its_first_value():
         op.output("out", op.stateful("st", s, lambda _r: AlwaysPast()), TestingSink(out))
         run_main(flow, clock="fixed")
         assert [w for _k, w in out] == got_want
+
+
+class CountingTimer(Timer):
+    """`Timer` that counts the calls of its `notify_at()` (class-wide)."""
+
+    asked = 0
+
+    def __init__(self, state):
+        super().__init__(state)
+        self.at = state
+
+    def notify_at(self):
+        CountingTimer.asked += 1
+        return self.at
+
+
+def _timer_spec(cls):
+    return StageSpec(1, "rows", "s", chain=(KeyedStep("f.t", stateful_builder(cls)),), depth_in=len(seqs(1)[0]))
+
+
+@pytest.mark.parametrize("tags", [True, False])
+def test_the_one_step_bucket_call_keeps_the_chain_paths_entries_and_emits(tags):
+    """`BucketDriver._process_one` against the chain path: keys new, due, not due, discarded, of an earlier run."""
+    past, future = T0 - timedelta(seconds=1), T0 + timedelta(seconds=1)
+    runs = [
+        ("new", list(zip(seqs(2), [past, future], strict=True))),
+        ("due", [(seqs(1)[0], future)]),
+        ("later", [(seqs(1)[0], past)]),
+        ("idle", [(seqs(1)[0], None)]),
+    ]
+    old = {"due": ([(past,)], past), "later": ([(future,)], future, RUN), "idle": ([(None,)], None, RUN)}
+    out = {}
+    for one in (True, False):
+        driver = BucketDriver(_timer_spec(CountingTimer))
+        assert driver.one
+        driver.one = one
+        driver.run = RUN
+        if not tags:
+            driver.sink_rows = ("f.out", None)  # emits of a stage writing a sink's rows carry no tags
+        table = copy.deepcopy(old)
+        emits = driver.process_runs(table, runs, T0)
+        out[one] = (emits, table)
+    assert out[True] == out[False]
+    emits, table = out[True]
+    assert [w for _s, (k, w) in emits if k == "due"] == [("notify", past), ("item", future)]
+    assert [w for _s, (k, w) in emits if k == "later"] == [("item", past), ("notify", past)]  # due after the values
+    assert table["later"] == ([(None,)], None, RUN)
+    assert table["new"] == ([(future,)], future, RUN)
+    assert [w for _s, (k, w) in emits if k == "new"] == [("item", past), ("notify", past), ("item", future)]
+
+
+def test_a_rebuilt_logic_that_is_not_due_is_asked_for_notify_at_once_per_call():
+    """The entry's `notify_at` is the logic's schedule: not due by now, it is not read again before the values."""
+    future = T0 + timedelta(minutes=1)
+    driver = BucketDriver(_timer_spec(CountingTimer))
+    driver.run = RUN
+    table = {"k": ([(future,)], future, RUN)}
+    CountingTimer.asked = 0
+    emits = driver.process_runs(table, [("k", [(seqs(1)[0], future)])], T0)
+    assert [w for _s, (_k, w) in emits] == [("item", future)]
+    assert CountingTimer.asked == 1  # after the values, for the entry
+    # Due by now: it is read (and fires) before the values, then read again after them.
+    CountingTimer.asked = 0
+    emits = driver.process_runs(table, [("k", [(seqs(1)[0], None)])], future)
+    assert [w for _s, (_k, w) in emits] == [("notify", future), ("item", None)]
+    assert CountingTimer.asked == 3  # before, after the fire, after the values
+    assert table["k"] == ([(None,)], None, RUN)

@@ -40,7 +40,7 @@ from typing import Any, Callable, Optional
 
 from flowspark._time import use_clock
 from flowspark.errors import FlowsparkRuntimeError
-from flowspark.runtime.driver import drive_chain, drive_states, idx
+from flowspark.runtime.driver import UNKNOWN, drive_chain, drive_states, idx
 from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.columns import ID_COLUMN
 from flowspark.spark.ops import stage_streams, through
@@ -212,6 +212,8 @@ class BucketDriver:
         # The rule `flat_driver`: one such step writing a sink's rows, no timers, routes or dead
         # letter: each key's values are mapped as a list, and the sink's items built without sequences.
         self.flat = "flat_driver" in spec.modes
+        # One step and no TTL: each key's logic is driven without the chain's bookkeeping (`_process_one`).
+        self.one = len(self.drivers) == 1 and ttl is None
         # The rule `mapper_line`: the steps after the chain are one line of one-to-one mappers.
         self.sink_line = spec.one_to_one_mappers() if sink_rows is not None and "mapper_line" in spec.modes else None
         # The rule `file_order`: the rows come numbered by their file and row index.
@@ -337,13 +339,18 @@ class BucketDriver:
             d.resumed.clear()  # keys of an earlier call's logics built but never fed
         if self.bare:
             self._process_bare(table, runs, tags, out)
+        elif self.one:
+            self._process_one(table, runs, now, tags, out)
         else:
             for key, items in runs:
                 ent = table.get(key)
                 snaps = ent[0] if ent else None
                 fed: Optional[list[bool]] = [] if ttl else None  # the TTL counts from a step's last value
+                logics = self._logics(key, ent, now)
+                # An entry's `notify_at` is the earliest of its logics' when they were frozen.
+                due = ent[1] if ent else UNKNOWN
                 emits, logics = drive_chain(
-                    self.drivers, key, items, self._logics(key, ent, now), now=now, eof=False, fed=fed, tags=tags
+                    self.drivers, key, items, logics, now=now, eof=False, fed=fed, tags=tags, due=due
                 )
                 out.extend([(s, (key, w)) for s, w in emits])
                 self._store(table, key, logics, self._times(snaps, now, fed) if ttl else None)
@@ -354,6 +361,29 @@ class BucketDriver:
         for rank, (_at, key) in enumerate(due):
             self._fire(table, key, rank, now, out)
         return out
+
+    def _process_one(self, table: Any, runs: Any, now: datetime, tags: bool, out: list[tuple[bytes, Any]]) -> None:
+        """`process_runs`' values for a chain of one step without a TTL: the same entries, the same emits.
+
+        The entry's `notify_at` (read after the logic's last hook) is the logic's schedule: a
+        rebuilt logic is asked again only when it is due (`StepDriver.drive`'s `due`).
+        """
+        d = self.drivers[0]
+        run = self.run
+        timers = self.timers
+        for key, items in runs:
+            ent = table.get(key)
+            snap = ent[0][0] if ent else None
+            if snap is None:
+                emits, logic = d.drive(key, items, None, now, False, tags)
+            else:
+                logic = d.build(key, snap[0], self.earlier(ent))
+                emits, logic = d.drive(key, items, logic, now, False, tags, ent[1])
+            out.extend([(s, (key, w)) for s, w in emits])
+            if logic is None:
+                table.pop(key, None)
+            else:
+                table[key] = ([(d.snapshot(key, logic),)], d.notify_at(key, logic) if timers else None, run)
 
     def _process_bare(self, table: Any, runs: Any, tags: bool, out: list[tuple[bytes, Any]]) -> None:
         """`process_runs`' values for a chain of steps with a `batch_fn`: the same entries, the same emits."""
