@@ -759,3 +759,72 @@ def test_a_rebuilt_logic_that_is_not_due_is_asked_for_notify_at_once_per_call():
     assert [w for _s, (_k, w) in emits] == [("notify", future), ("item", None)]
     assert CountingTimer.asked == 3  # before, after the fire, after the values
     assert table["k"] == ([(None,)], None, RUN)
+
+
+def _branchy_flow(fail_on=None):
+    """`stateful_map` (running sum) -> `flat_map` (twice, a 0 dropped) -> `branch` (even) -> `merge` -> `map` to a dict."""
+    flow = Dataflow("f")
+    k = op.key_on("key", op.input("inp", flow, TestingSource([])), lambda r: r["user"])
+    sums = op.stateful_map("sum", k, lambda st, v: ((st or 0) + v["v"],) * 2)
+
+    def twice(kv):
+        if kv[1] == fail_on:
+            raise ValueError("unlucky")
+        return [kv, kv] if kv[1] else []
+
+    twin = op.flat_map("twice", sums, twice)
+    b = op.branch("even", twin, lambda kv: kv[1] % 2 == 0)
+    both = op.merge("both", b.trues, op.map("neg", b.falses, lambda kv: (kv[0], -kv[1])))
+    rows = op.map("row", both, lambda kv: {"user": kv[0], "n": kv[1]})
+    op.output("out", rows, SparkSink("parquet", "/nowhere", schema="user STRING, n LONG"))
+    return compile_flow(flow)
+
+
+def test_a_sink_stages_steps_over_whole_lists_give_each_streams_items():
+    """`unordered_streams` against `stage_streams`: the same items in every stream (any order); an error falls back."""
+    from flowspark.spark.ops import stage_streams, unordered_streams
+
+    spec = next(st.spec for st in _branchy_flow().stages if st.spec.chain)
+    chain_out = [("a", 1), ("b", 0), ("a", 3), ("c", 2), ("b", 5), ("c", 0)]
+    whole = unordered_streams(spec, chain_out)
+    assert whole is not None
+    step = stage_streams(spec, [(source_seq(0, 0, i), x) for i, x in enumerate(chain_out)])
+    assert set(whole) == set(step)
+    for stream, items in step.items():
+        assert sorted(map(repr, whole[stream])) == sorted(repr(x) for _s, x in items), stream
+    rows = whole[spec.ports[0].stream]
+    assert sorted((r["user"], r["n"]) for r in rows) == sorted(
+        [("a", -1), ("a", -1), ("a", -3), ("a", -3), ("c", 2), ("c", 2), ("b", -5), ("b", -5)]
+    )
+    bad = next(st.spec for st in _branchy_flow(fail_on=3).stages if st.spec.chain)
+    assert unordered_streams(bad, chain_out) is None  # the caller reruns item by item for the error
+    with pytest.raises(FlowsparkRuntimeError, match="step 'f.twice.flat_map_batch'.*unlucky") as info:
+        stage_streams(bad, [(b"", x) for x in chain_out])
+    assert "('a', 3)" in str(info.value)
+
+
+def test_a_bucket_call_writing_a_sink_runs_its_steps_over_whole_lists_and_words_a_steps_error():
+    import pandas as pd
+    from pyspark.sql.types import LongType, StringType, StructField, StructType  # noqa: TID251
+
+    struct = StructType([StructField("user", StringType()), StructField("n", LongType())])
+    schema = RowSchema("f.out", struct, "UTC")
+    rows = [("a", 1), ("c", 2), ("a", 2), ("b", 5)]
+    got = []
+    for fail_on in (None, 3):
+        plan = physical(_branchy_flow(fail_on), writer_sink="f.out", atomic_sinks=frozenset({"f.out"}))
+        spec = next(st.spec for st in plan.stages if st.spec.chain)
+        assert "sink_fusion" in spec.modes
+        driver = BucketDriver(spec, sink_rows=("f.out", schema), timers=False)
+        assert driver.sink_line is None
+        v = [dumps({"user": u, "v": n} if spec.input_value_only else (u, {"user": u, "v": n})) for u, n in rows]
+        seq = [source_seq(0, 0, 0, i) for i in range(len(rows))]
+        pdf = pd.DataFrame({"k": [u for u, _ in rows], "seq": seq, "v": v})
+        try:
+            frame = driver.call({}, iter([pdf]), T0)
+            got.append(sorted(zip(frame["user"], frame["n"], strict=True)))
+        except RuntimeError as e:
+            got.append(str(e))
+    assert got[0] == sorted([("a", -1), ("a", -1), ("a", -3), ("a", -3), ("c", 2), ("c", 2), ("b", -5), ("b", -5)])
+    assert "step 'f.twice.flat_map_batch'" in got[1]
+    assert "unlucky" in got[1]

@@ -43,7 +43,7 @@ from flowspark.errors import FlowsparkRuntimeError
 from flowspark.runtime.driver import UNKNOWN, drive_chain, drive_states, idx
 from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.columns import ID_COLUMN
-from flowspark.spark.ops import stage_streams, through
+from flowspark.spark.ops import stage_streams, through, unordered_streams
 from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.chunklayout import ChunkTable, chunk_processor
 from flowspark.spark.streaming.keylayout import KeyTable, dump_state, key_processor
@@ -627,10 +627,14 @@ class BucketDriver:
         """`_sink_frame` of the chain's emitted items."""
         assert self.sink_rows is not None
         step_id, rows = self.sink_rows
-        items = through(self.sink_line, chain_items) if self.sink_line is not None else None
-        if items is None:  # not a line of one-to-one steps, or a step raised: step by step, for its error
-            pairs = stage_streams(self.spec, [(b"", x) for x in chain_items]).get(self.spec.ports[0].stream, ())
-            items = [x for _s, x in pairs]
+        port = self.spec.ports[0].stream
+        if self.sink_line is not None:
+            items = through(self.sink_line, chain_items)
+        else:  # a sink's rows are written in any order: each step over the whole list
+            streams = unordered_streams(self.spec, chain_items)
+            items = None if streams is None else streams.get(port, [])
+        if items is None:  # a step raised: step by step, for its error
+            items = [x for _s, x in stage_streams(self.spec, [(b"", x) for x in chain_items]).get(port, ())]
         return sink_frame(dict_rows(step_id, items, rows), items) if items else None
 
     def pandas_function(self) -> Callable[[Any, Iterator[Any], Any], Iterator[Any]]:
