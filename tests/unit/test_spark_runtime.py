@@ -762,7 +762,7 @@ def test_a_rebuilt_logic_that_is_not_due_is_asked_for_notify_at_once_per_call():
 
 
 def _branchy_flow(fail_on=None):
-    """`stateful_map` (running sum) -> `flat_map` (twice, a 0 dropped) -> `branch` (even) -> `merge` -> `map` to a dict."""
+    """`stateful_map` (running sum) -> `flat_map` (twice, 0 dropped) -> `branch` (even) -> `merge` -> `map` to a row."""
     flow = Dataflow("f")
     k = op.key_on("key", op.input("inp", flow, TestingSource([])), lambda r: r["user"])
     sums = op.stateful_map("sum", k, lambda st, v: ((st or 0) + v["v"],) * 2)
