@@ -182,8 +182,9 @@ class BucketDriver:
         column_key: The stage's input is its source's own rows, keyed by Spark
             (`spec.column_key`): `ID_COLUMN` (`monotonically_increasing_id`), the source's
             columns and `bucket`; the call runs the source stage's steps on row dicts.
-            With the rule `file_order` (only for a `flat` stage) the number is
-            two columns instead: `FILE_COLUMN` and `ROW_COLUMN`, which order each key's rows.
+            With the rule `file_order` (a stage writing a sink's rows, without a dead letter: no
+            sequences) the number is two columns instead: `FILE_COLUMN` and `ROW_COLUMN`, which
+            order each key's rows (tick rows: no row index).
     """
 
     def __init__(
@@ -576,11 +577,18 @@ class BucketDriver:
         columns_as: Optional[dict[str, Callable[[Any], list[Any]]]] = None
         if self.time_columns or any(pa.types.is_timestamp(f.type) for f in table.schema):
             table, columns_as = self._timestamps(table)
+        # A sink's rows are written in any order: their runs need no sequences (the numbers below
+        # still order each key's values).
+        ordered = self.sink_rows is None or dead is not None
         # The number is the first column (transformWithStateInPandas hands it over as `_0`).
         # Renamed in Arrow: pandas' rename and drop copy the frame (8% of the stage, measured).
         if self.file_order:
-            assert values_only, "file order gives no sequences"
+            assert not ordered, "file order gives no sequences"
             table = table.rename_columns([FILE_COLUMN, ROW_COLUMN, *table.column_names[2:]]).drop_columns(["bucket"])
+            if self.timers:
+                table = table.filter(pc.is_valid(table.column(ROW_COLUMN)))  # tick rows have no row index
+                if not table.num_rows:
+                    return []
             order = [(ck.column, "ascending"), (FILE_COLUMN, "ascending"), (ROW_COLUMN, "ascending")]
             table = table.take(pc.sort_indices(table, sort_keys=order)).drop_columns([ROW_COLUMN])
             table = table.rename_columns([ID_COLUMN, *table.column_names[1:]])  # read by nobody (no sequences)
@@ -593,9 +601,6 @@ class BucketDriver:
             # Arrow orders strings by UTF-8 bytes: Python's order of str; null keys last.
             order = [(ck.column, "ascending"), (ID_COLUMN, "ascending")]
             table = table.take(pc.sort_indices(table, sort_keys=order))
-        # A sink's rows are written in any order: their runs need no sequences (the ids above
-        # still order each key's values).
-        ordered = self.sink_rows is None or dead is not None
         batches = iter(table.combine_chunks().to_batches())
         return list(column_key_runs(self.spec, batches, dead, ordered, values_only, columns_as))
 
