@@ -751,6 +751,58 @@ class StepDriver:
             out.extend([(tag + idx(EOF_BASE + n), w) for n, w in enumerate(ws)])
         return out, logic
 
+    def drive_values(
+        self, key: str, values: list[Any], logic: Any, now: datetime, due: Any = UNKNOWN
+    ) -> tuple[list[Any], Any]:
+        """`drive` with `eof=False` and `tags=False` over the values of one activation, given without tags.
+
+        The same emits in the same order, and the same logic after them, as `drive` over
+        `[(b"", v) for v in values]`, without building or reading a tag.
+
+        Args:
+            key: The key.
+            values: Its values, in order.
+            logic: The key's live logic, or `None` (built on the first value).
+            now: The logical time notifications are compared with.
+            due: As in `drive`.
+
+        Returns:
+            `(emits in order, logic or None)`.
+        """
+        if not values:
+            return [], logic
+        if logic is None:
+            logic = self.build(key)
+            if not wants_notify(logic):
+                return self._feed_plain(key, values, logic)
+            ws, discard = self.feed(key, logic, values)
+            return ws, None if discard else logic
+        if not wants_notify(logic):
+            return self._feed_plain(key, values, logic)
+        out: list[Any] = []
+        if due is UNKNOWN or (due is not None and due <= now):
+            logic, out = self.fire_due(key, logic, now)
+            if logic is None:
+                logic = self.build(key)
+        ws, discard = self.feed(key, logic, values)
+        if out:
+            out.extend(ws)
+        else:
+            out = ws
+        return out, None if discard else logic
+
+    def _feed_plain(self, key: str, values: list[Any], logic: Any) -> tuple[list[Any], Any]:
+        """`_drive_plain` without tags or `on_eof`: the values in batches of `_KEY_CHUNK`."""
+        out: list[Any] = []
+        for start in range(0, len(values), _KEY_CHUNK):
+            if logic is None:
+                logic = self.build(key)
+            ws, discard = self.feed(key, logic, values[start : start + _KEY_CHUNK])
+            out.extend(ws)
+            if discard:
+                logic = None
+        return out, logic
+
     def _drive_plain(
         self, key: str, items: list[tuple[bytes, Any]], logic: Any, eof: bool, mid: bytes, tags: bool
     ) -> tuple[Emits, Any]:

@@ -828,3 +828,75 @@ def test_a_bucket_call_writing_a_sink_runs_its_steps_over_whole_lists_and_words_
     assert got[0] == sorted([("a", -1), ("a", -1), ("a", -3), ("a", -3), ("c", 2), ("c", 2), ("b", -5), ("b", -5)])
     assert "step 'f.twice.flat_map_batch'" in got[1]
     assert "unlucky" in got[1]
+
+
+class _Halts(CountingTimer):
+    """A `Timer` that discards itself on a `None` value and whose notification discards it too."""
+
+    def on_item(self, value):
+        self.at = value
+        return [("item", value)], self.DISCARD if value is None else self.RETAIN
+
+    def on_notify(self):
+        fired, self.at = self.at, None
+        return [("notify", fired)], self.DISCARD
+
+
+@pytest.mark.parametrize("cls", [Sum, CountingTimer, _Halts, Burst])
+def test_drive_values_gives_drives_untagged_emits_and_logic(cls):
+    """`StepDriver.drive_values` against `drive` with empty tags, for new and rebuilt logics, due or not."""
+    from flowspark.runtime.driver import UNKNOWN, StepDriver
+
+    driver = StepDriver("f.st", stateful_builder(cls))
+    past, future = T0 - timedelta(seconds=1), T0 + timedelta(seconds=1)
+    values = {Sum: [1, 2, 3], Burst: [2, 0, 3]}.get(cls, [future, past, None, future])
+    for state in (None, past, future, 5):
+        if state is not None and (cls in (Sum, Burst)) != (type(state) is int):
+            continue
+        for due in (UNKNOWN, None, past, future):
+            for n in (0, 1, len(values)):
+                logic = None if state is None else driver.build("k", state)
+                want, want_logic = driver.drive("k", [(b"", v) for v in values[:n]], logic, T0, False, False, due)
+                logic = None if state is None else driver.build("k", state)
+                got, got_logic = driver.drive_values("k", values[:n], logic, T0, due)
+                assert got == [w for _t, w in want]
+                assert (got_logic is None) == (want_logic is None)
+                if got_logic is not None:
+                    assert got_logic.snapshot() == want_logic.snapshot()
+
+
+def test_a_one_step_bucket_call_writing_a_sink_drives_values_without_sequences():
+    """`BucketDriver._process_values` against `process_runs`: the same items (any order) and state entries."""
+    past, future = T0 - timedelta(seconds=1), T0 + timedelta(seconds=1)
+    runs = [("new", [past, future]), ("due", [future]), ("later", [past]), ("idle", [None])]
+    old = {"due": ([(past,)], past), "later": ([(future,)], future, RUN), "idle": ([(None,)], None, RUN)}
+    old["waits"] = ([(past,)], past, RUN)  # no values, due: fires
+    got = {}
+    for values in (True, False):
+        driver = BucketDriver(_timer_spec(_Halts), sink_rows=("f.out", None))
+        assert driver.sink_values
+        driver.run = RUN
+        table = copy.deepcopy(old)
+        if values:
+            items = driver._process_values(table, runs, T0)
+        else:
+            tagged = [(k, [(b"", v) for v in vs]) for k, vs in runs]
+            items = [x for _s, x in driver.process_runs(table, tagged, T0)]
+        got[values] = (sorted(map(repr, items)), table)
+    assert got[True] == got[False]
+    # "later" and "waits" fire after the values and discard, "idle" discards on its value; "due"
+    # fires and discards before its value, then a fresh logic takes it.
+    assert got[True][1] == {"new": ([(future,)], future, RUN), "due": ([(future,)], future, RUN)}
+    assert got[True][0] == sorted(
+        repr(x)
+        for x in [
+            ("new", ("item", past)),
+            ("new", ("item", future)),
+            ("due", ("notify", past)),
+            ("due", ("item", future)),
+            ("later", ("item", past)),
+            ("later", ("notify", past)),
+            ("idle", ("item", None)),
+            ("waits", ("notify", past)),
+        ]
+    )

@@ -215,6 +215,9 @@ class BucketDriver:
         self.flat = "flat_driver" in spec.modes
         # One step and no TTL: each key's logic is driven without the chain's bookkeeping (`_process_one`).
         self.one = len(self.drivers) == 1 and ttl is None
+        # ... writing a sink's rows without a dead letter: nothing reads a sequence, so each key's
+        # values are driven without tags (`_process_values`).
+        self.sink_values = self.one and sink_rows is not None and not spec.dead_letter and route is None
         # The rule `mapper_line`: the steps after the chain are one line of one-to-one mappers.
         self.sink_line = spec.one_to_one_mappers() if sink_rows is not None and "mapper_line" in spec.modes else None
         # The rule `file_order`: the rows come numbered by their file and row index.
@@ -355,13 +358,41 @@ class BucketDriver:
                 )
                 out.extend([(s, (key, w)) for s, w in emits])
                 self._store(table, key, logics, self._times(snaps, now, fed) if ttl else None)
-        if isinstance(table, ChunkTable):
-            due = table.due(now)
-        else:
-            due = sorted((at, key) for key, at in _pending(table) if at <= now)
-        for rank, (_at, key) in enumerate(due):
+        for rank, (_at, key) in enumerate(self._due(table, now)):
             self._fire(table, key, rank, now, out)
         return out
+
+    def _due(self, table: Any, now: datetime) -> list[tuple[datetime, str]]:
+        """`(notify_at, key)` of the bucket's keys due by `now`, in the order they fire."""
+        if isinstance(table, ChunkTable):
+            return table.due(now)
+        return sorted((at, key) for key, at in _pending(table) if at <= now)
+
+    def _process_values(self, table: Any, runs: Any, now: datetime) -> list[tuple[str, Any]]:
+        """`process_runs` for `sink_values`, on runs of values: the `(key, emit)` items, the same entries."""
+        d = self.drivers[0]
+        d.resumed.clear()
+        run = self.run
+        timers = self.timers
+        items: list[tuple[str, Any]] = []
+        for key, values in runs:
+            ent = table.get(key)
+            snap = ent[0][0] if ent else None
+            if snap is None:
+                ws, logic = d.drive_values(key, values, None, now)
+            else:
+                ws, logic = d.drive_values(key, values, d.build(key, snap[0], self.earlier(ent)), now, ent[1])
+            if ws:
+                items.extend([(key, w) for w in ws])
+            if logic is None:
+                table.pop(key, None)
+            else:
+                table[key] = ([(d.snapshot(key, logic),)], d.notify_at(key, logic) if timers else None, run)
+        fired: list[tuple[bytes, Any]] = []
+        for rank, (_at, key) in enumerate(self._due(table, now)):
+            self._fire(table, key, rank, now, fired)
+        items.extend([x for _s, x in fired])
+        return items
 
     def _process_one(self, table: Any, runs: Any, now: datetime, tags: bool, out: list[tuple[bytes, Any]]) -> None:
         """`process_runs`' values for a chain of one step without a TTL: the same entries, the same emits.
@@ -536,9 +567,11 @@ class BucketDriver:
         dead: Optional[list[tuple[bytes, Any]]] = [] if self.spec.dead_letter else None
         try:
             with use_clock(lambda: now), no_gc():
-                if self.flat:
+                if self.flat or self.sink_values:
                     runs = self._column_runs(pdfs, values_only=True) if self.column_key else self._row_runs(pdfs, True)
-                    return self._sink_items_frame(self._process_flat(table, runs))
+                    if self.flat:
+                        return self._sink_items_frame(self._process_flat(table, runs))
+                    return self._sink_items_frame(self._process_values(table, runs, now))
                 if self.column_key:
                     emits = self.process_runs(table, self._column_runs(pdfs, dead), now)
                 else:
