@@ -1152,24 +1152,19 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
         else:
             self.sys_max, self.base, accs, queue = resume
             self.accs = dict(accs)
-            self.queue = sorted(queue, key=_ts_key)
-        self.qmin = min((ts for _v, ts in self.queue), default=UTC_MAX)
+            self.queue = sorted(queue, key=_ts_key) if queue else []
+        # Rebuilt once per key and micro-batch by a streaming runtime: no generator or call here.
+        self.qmin = self.queue[0][1] if self.queue else UTC_MAX
         self.cur_wid = 0
         self.cur_open = self.cur_close = UTC_MAX  # no cached window yet
-        self._set_lo()
+        # The close time of the oldest open window.
+        self.lo_close = align_to + offset * min(self.accs) + length if self.accs else UTC_MAX
 
     def _watermark(self) -> datetime:
         try:
             return self.base + (self.now - self.sys_max)
         except OverflowError:
             return UTC_MAX
-
-    def _set_lo(self) -> None:
-        # The close time of the oldest open window.
-        if self.accs:
-            self.lo_close = self.align + self.offset * min(self.accs) + self.length
-        else:
-            self.lo_close = UTC_MAX
 
     def _ids(self, ts: datetime) -> range:
         d = ts - self.align
@@ -1372,8 +1367,8 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
         accs = self.accs
         # Accumulators of immutable atomic types (count_window's ints, sums) need no deep copy:
         # a copy of the dict is the same snapshot at a fifth of the cost.
-        copied = dict(accs) if all(type(a) in _ATOMIC for a in accs.values()) else copy.deepcopy(accs)
-        return (self.sys_max, self.base, copied, list(self.queue))
+        copied = dict(accs) if _ATOMIC.issuperset(map(type, accs.values())) else copy.deepcopy(accs)
+        return (self.sys_max, self.base, copied, self.queue[:])
 
 
 def _fast_fold_ok(clock: Clock[Any, Any], windower: Windower[Any]) -> bool:

@@ -20,6 +20,9 @@ Two timelines are offered here:
   due notification fires (re-reading `notify_at()` after each fire; a time equal
   to the one just fired does not fire again at the same point); at the end of
   the key's values due notifications fire, then `on_eof` (when `eof=True`).
+  A runtime that keeps, with a key's snapshot, the `notify_at()` it read after the
+  logic's last hook passes it on (`due`): when it is not due by `now`, a logic rebuilt
+  from that snapshot is not asked again before its first activation.
 
 Tags. `drive` carries each value's *tag*, bytes that sort in processing order
 (the Spark runtimes' sequences, see `flowspark.spark.codec`). An emit gets its
@@ -62,6 +65,7 @@ __all__ = [
     "EOF_HEADER",
     "HEAD_LEN",
     "SOURCE_LEN",
+    "UNKNOWN",
     "StepDriver",
     "bad_item_error",
     "drive_chain",
@@ -93,6 +97,8 @@ _KEY_CHUNK = 4096
 _ATOMIC = frozenset({type(None), int, float, bool, complex, str, bytes})
 _PACK_Q = struct.Struct(">Q").pack
 _KEY_OF = itemgetter(0)
+#: `StepDriver.drive`'s `due` when the runtime does not know the logic's schedule.
+UNKNOWN: Any = object()
 
 Emits = list[tuple[bytes, Any]]
 
@@ -670,7 +676,14 @@ class StepDriver:
             raise self.fail(key, e) from e
 
     def drive(
-        self, key: str, items: list[tuple[bytes, Any]], logic: Any, now: datetime, eof: bool, tags: bool = True
+        self,
+        key: str,
+        items: list[tuple[bytes, Any]],
+        logic: Any,
+        now: datetime,
+        eof: bool,
+        tags: bool = True,
+        due: Any = UNKNOWN,
     ) -> tuple[Emits, Any]:
         """Run the step over one key's tagged values at a fixed `now` (see the module doc).
 
@@ -682,6 +695,10 @@ class StepDriver:
             eof: Whether the key's input ends here (due notifications, then `on_eof`).
             tags: `False` when nobody reads the emits' tags: the values' emits (and those of
                 notifications fired before them) then get empty tags (same emits, same order).
+            due: The key's schedule as the runtime last read it (see the module doc): a time
+                no later than the earliest `notify_at()` of `logic`, or `None` when it asked
+                for none. When nothing is due by `now`, `notify_at()` is not read before the
+                first activation. Default `UNKNOWN`: read it.
 
         Returns:
             `(emits as (tag, value) pairs in order, logic or None)`.
@@ -711,11 +728,12 @@ class StepDriver:
             if logic is None:
                 logic, fresh = self.build(key), True
             ws: list[Any] = []
-            if not fresh:
+            if not fresh and (due is UNKNOWN or (due is not None and due <= now)):
                 logic, ws = self.fire_due(key, logic, now)
             if logic is None:
                 logic = self.build(key)
             fresh = False
+            due = UNKNOWN  # the values change what the logic waits for
             more, discard = self.feed(key, logic, [v for _, v in chunk])
             ws.extend(more)
             if ws:
@@ -731,6 +749,58 @@ class StepDriver:
                 if discard:
                     logic = None
             out.extend([(tag + idx(EOF_BASE + n), w) for n, w in enumerate(ws)])
+        return out, logic
+
+    def drive_values(
+        self, key: str, values: list[Any], logic: Any, now: datetime, due: Any = UNKNOWN
+    ) -> tuple[list[Any], Any]:
+        """`drive` with `eof=False` and `tags=False` over the values of one activation, given without tags.
+
+        The same emits in the same order, and the same logic after them, as `drive` over
+        `[(b"", v) for v in values]`, without building or reading a tag.
+
+        Args:
+            key: The key.
+            values: Its values, in order.
+            logic: The key's live logic, or `None` (built on the first value).
+            now: The logical time notifications are compared with.
+            due: As in `drive`.
+
+        Returns:
+            `(emits in order, logic or None)`.
+        """
+        if not values:
+            return [], logic
+        if logic is None:
+            logic = self.build(key)
+            if not wants_notify(logic):
+                return self._feed_plain(key, values, logic)
+            ws, discard = self.feed(key, logic, values)
+            return ws, None if discard else logic
+        if not wants_notify(logic):
+            return self._feed_plain(key, values, logic)
+        out: list[Any] = []
+        if due is UNKNOWN or (due is not None and due <= now):
+            logic, out = self.fire_due(key, logic, now)
+            if logic is None:
+                logic = self.build(key)
+        ws, discard = self.feed(key, logic, values)
+        if out:
+            out.extend(ws)
+        else:
+            out = ws
+        return out, None if discard else logic
+
+    def _feed_plain(self, key: str, values: list[Any], logic: Any) -> tuple[list[Any], Any]:
+        """`_drive_plain` without tags or `on_eof`: the values in batches of `_KEY_CHUNK`."""
+        out: list[Any] = []
+        for start in range(0, len(values), _KEY_CHUNK):
+            if logic is None:
+                logic = self.build(key)
+            ws, discard = self.feed(key, logic, values[start : start + _KEY_CHUNK])
+            out.extend(ws)
+            if discard:
+                logic = None
         return out, logic
 
     def _drive_plain(
@@ -791,6 +861,7 @@ def drive_chain(
     eof: bool = True,
     fed: Optional[list[bool]] = None,
     tags: bool = True,
+    due: Any = UNKNOWN,
 ) -> tuple[Emits, list[Any]]:
     """Run a fused chain of stateful steps over the values of one key.
 
@@ -813,6 +884,8 @@ def drive_chain(
         tags: `False` when the caller reads no tags of the emits (see `StepDriver.drive`).
             A step followed by one that emits only at EOF (`StepDriver.eof_only`) gets
             `False` too: nobody reads its emits' tags.
+        due: The earliest notification time of `logics` as the runtime last read it (see
+            `StepDriver.drive`), for every step; default `UNKNOWN`.
 
     Returns:
         `(emits, logics)`: the last step's emits as `(tag, value)` pairs in order
@@ -828,7 +901,7 @@ def drive_chain(
     for i, d in enumerate(drivers):
         if fed is not None:
             fed.append(bool(items))
-        items, logic = d.drive(key, items, cur[i], now, eof, read[i])
+        items, logic = d.drive(key, items, cur[i], now, eof, read[i], due)
         new.append(logic)
     return items, new
 

@@ -4,7 +4,8 @@
 `inspect` and `pass` (`redistribute`) ops over its streams, in place; a user error
 becomes the step's `FlowsparkRuntimeError`, or, with a dead letter, the item's
 record. `screen_keyed` and `checked_keys` check the items entering a keyed step;
-`through` runs the rule `mapper_line`: a line of one-to-one mappers called on whole lists.
+`through` runs the rule `mapper_line`: a line of one-to-one mappers called on whole lists;
+`unordered_streams` runs any ops on whole lists for a stage writing a sink's rows.
 Called by the stage function (`flowspark.spark.worker`) and the streaming state's
 bucket calls (`flowspark.spark.streaming.state`).
 """
@@ -25,7 +26,7 @@ from flowspark.spark.plan import Op, StageSpec
 #: stage) or a list receiving `(seq, record)` pairs (`flowspark.deadletter.record`).
 Dead = Optional[list[tuple[bytes, Any]]]
 
-__all__ = ["Dead", "apply_ops", "checked_keys", "screen_keyed", "stage_streams", "through"]
+__all__ = ["Dead", "apply_ops", "checked_keys", "screen_keyed", "stage_streams", "through", "unordered_streams"]
 
 _first = operator.itemgetter(0)
 _second = operator.itemgetter(1)
@@ -215,6 +216,62 @@ def through(fns: tuple[Callable[[list[Any]], Any], ...], xs: list[Any]) -> Optio
     except Exception:  # noqa: BLE001  # the caller reruns the steps one by one, for the step's error
         return None
     return xs
+
+
+def unordered_streams(spec: StageSpec, xs: list[Any]) -> Optional[dict[str, list[Any]]]:
+    """`stage_streams` without sequences, for a stage whose items are written in any order (a sink's rows).
+
+    Each `map` op's mapper is called once on its whole input list (a `flat_map_batch` mapper
+    takes batches of any size; a call on no items is skipped, as item by item), a `branch`'s
+    predicate on each item, a `merge` concatenates: the same items per stream, in another order.
+
+    Args:
+        spec: The stage.
+        xs: The items of the stage's entry stream.
+
+    Returns:
+        Every stream of the stage: stream id -> items; `None` when a step raised or returned
+        something malformed: the caller reruns the steps item by item (`stage_streams`) for
+        the step's error, which may call a mapper a second time on some items.
+    """
+    streams: dict[str, list[Any]] = {spec.entry: xs}
+    empty: list[Any] = []
+    try:
+        for op in spec.ops:
+            kind = op.kind
+            if kind == "merge":
+                streams[op.downs[0]] = [x for up in op.ups for x in streams.get(up, empty)]
+                continue
+            ins = streams.get(op.ups[0], empty)
+            if kind == "map":
+                fn = op.fn
+                assert fn is not None
+                res = fn(ins) if ins else []
+                if type(res) is not list:
+                    res = list(res)
+                if op.one_to_one and len(res) != len(ins):
+                    return None
+                streams[op.downs[0]] = res
+            elif kind == "branch":
+                pred = op.fn
+                assert pred is not None
+                trues: list[Any] = []
+                falses: list[Any] = []
+                for x in ins:
+                    r = pred(x)
+                    if r is True:
+                        trues.append(x)
+                    elif r is False:
+                        falses.append(x)
+                    else:
+                        return None  # not a bool: `check_bool` words it
+                streams[op.downs[0]], streams[op.downs[1]] = trues, falses
+            else:  # inspect and pass
+                for d in op.downs:
+                    streams[d] = ins
+    except Exception:  # noqa: BLE001  # the caller reruns the steps item by item, for the step's error
+        return None
+    return streams
 
 
 def stage_streams(

@@ -447,8 +447,11 @@ def _apply_ordered(w: _Work, sid: int) -> None:
 
 
 def _check_file_order(w: _Work, sid: int) -> Optional[str]:
-    if not w.applied("flat_driver", f"stage {sid}"):
-        return "flat_driver did not apply"
+    # Sequences are read by nothing but a dead letter when the stage writes a sink's rows.
+    if "sink_fusion" not in w.spec(sid).modes:
+        return "the stage does not write a sink's rows (sink_fusion): its rows need sequences"
+    if w.plan.dead_letter is not None:
+        return "the run has a dead letter (its entries carry sequences)"
     ck = w.spec(sid).column_key
     if ck is None:
         return "spark_keys did not apply"

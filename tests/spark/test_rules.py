@@ -123,6 +123,30 @@ def _rows(src: Any, out: Any) -> Dataflow:
     return _to_rows(*_seen_per_key("rows", src), out)
 
 
+class _SeenLogic(op.StatefulLogic):
+    """`_seen` as a logic (not a function of its state: no `bare_state`) that may notify: the query has timers."""
+
+    def __init__(self, resume: Any) -> None:
+        self.state = resume
+
+    def on_item(self, value: Any) -> Any:
+        self.state, out = _seen(self.state, value)
+        return [out], self.RETAIN
+
+    def notify_at(self) -> Any:
+        return None
+
+    def snapshot(self) -> Any:
+        return self.state
+
+
+def _timed_rows(src: Any, out: Any) -> Dataflow:
+    """`key_on` -> `map_value` -> `stateful` (`_SeenLogic`) -> `map` to a row: a keyed stage with timers."""
+    flow = Dataflow("timed")
+    keyed = op.key_on("key", op.input("inp", flow, src), _user)
+    return _to_rows(flow, op.stateful("seen", op.map_value("at", keyed, _at), _SeenLogic), out)
+
+
 def _rows_sampled(src: Any, out: Any) -> Dataflow:
     return _to_rows(*_seen_per_key("sampled", src), out, schema=None)
 
@@ -161,6 +185,7 @@ FLOWS = {
         Flow("sampled", _rows_sampled, "parquet", True),
         Flow("python_stream", _rows, "python stream", True),
         Flow("parquet_stream", _rows, "parquet stream", True),
+        Flow("timed_parquet_stream", _timed_rows, "parquet stream", True),
     )
 }
 
@@ -186,6 +211,7 @@ CASES = [
     ("flat_driver", "stage 1", "python_stream"),
     ("ordered_source", "stage 1", "python_stream"),
     ("file_order", "stage 1", "parquet_stream"),
+    ("file_order", "stage 1", "timed_parquet_stream"),
     ("lean_listener", "query", "python_stream"),
 ]
 

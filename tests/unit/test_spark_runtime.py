@@ -692,3 +692,211 @@ def test_a_new_logic_is_not_notified_before_its_first_value():
         op.output("out", op.stateful("st", s, lambda _r: AlwaysPast()), TestingSink(out))
         run_main(flow, clock="fixed")
         assert [w for _k, w in out] == got_want
+
+
+class CountingTimer(Timer):
+    """`Timer` that counts the calls of its `notify_at()` (class-wide)."""
+
+    asked = 0
+
+    def __init__(self, state):
+        super().__init__(state)
+        self.at = state
+
+    def notify_at(self):
+        CountingTimer.asked += 1
+        return self.at
+
+
+def _timer_spec(cls):
+    return StageSpec(1, "rows", "s", chain=(KeyedStep("f.t", stateful_builder(cls)),), depth_in=len(seqs(1)[0]))
+
+
+@pytest.mark.parametrize("tags", [True, False])
+def test_the_one_step_bucket_call_keeps_the_chain_paths_entries_and_emits(tags):
+    """`BucketDriver._process_one` against the chain path: keys new, due, not due, discarded, of an earlier run."""
+    past, future = T0 - timedelta(seconds=1), T0 + timedelta(seconds=1)
+    runs = [
+        ("new", list(zip(seqs(2), [past, future], strict=True))),
+        ("due", [(seqs(1)[0], future)]),
+        ("later", [(seqs(1)[0], past)]),
+        ("idle", [(seqs(1)[0], None)]),
+    ]
+    old = {"due": ([(past,)], past), "later": ([(future,)], future, RUN), "idle": ([(None,)], None, RUN)}
+    out = {}
+    for one in (True, False):
+        driver = BucketDriver(_timer_spec(CountingTimer))
+        assert driver.one
+        driver.one = one
+        driver.run = RUN
+        if not tags:
+            driver.sink_rows = ("f.out", None)  # emits of a stage writing a sink's rows carry no tags
+        table = copy.deepcopy(old)
+        emits = driver.process_runs(table, runs, T0)
+        out[one] = (emits, table)
+    assert out[True] == out[False]
+    emits, table = out[True]
+    assert [w for _s, (k, w) in emits if k == "due"] == [("notify", past), ("item", future)]
+    assert [w for _s, (k, w) in emits if k == "later"] == [("item", past), ("notify", past)]  # due after the values
+    assert table["later"] == ([(None,)], None, RUN)
+    assert table["new"] == ([(future,)], future, RUN)
+    assert [w for _s, (k, w) in emits if k == "new"] == [("item", past), ("notify", past), ("item", future)]
+
+
+def test_a_rebuilt_logic_that_is_not_due_is_asked_for_notify_at_once_per_call():
+    """The entry's `notify_at` is the logic's schedule: not due by now, it is not read again before the values."""
+    future = T0 + timedelta(minutes=1)
+    driver = BucketDriver(_timer_spec(CountingTimer))
+    driver.run = RUN
+    table = {"k": ([(future,)], future, RUN)}
+    CountingTimer.asked = 0
+    emits = driver.process_runs(table, [("k", [(seqs(1)[0], future)])], T0)
+    assert [w for _s, (_k, w) in emits] == [("item", future)]
+    assert CountingTimer.asked == 1  # after the values, for the entry
+    # Due by now: it is read (and fires) before the values, then read again after them.
+    CountingTimer.asked = 0
+    emits = driver.process_runs(table, [("k", [(seqs(1)[0], None)])], future)
+    assert [w for _s, (_k, w) in emits] == [("notify", future), ("item", None)]
+    assert CountingTimer.asked == 3  # before, after the fire, after the values
+    assert table["k"] == ([(None,)], None, RUN)
+
+
+def _branchy_flow(fail_on=None):
+    """`stateful_map` (running sum) -> `flat_map` (twice, 0 dropped) -> `branch` (even) -> `merge` -> `map` to a row."""
+    flow = Dataflow("f")
+    k = op.key_on("key", op.input("inp", flow, TestingSource([])), lambda r: r["user"])
+    sums = op.stateful_map("sum", k, lambda st, v: ((st or 0) + v["v"],) * 2)
+
+    def twice(kv):
+        if kv[1] == fail_on:
+            raise ValueError("unlucky")
+        return [kv, kv] if kv[1] else []
+
+    twin = op.flat_map("twice", sums, twice)
+    b = op.branch("even", twin, lambda kv: kv[1] % 2 == 0)
+    both = op.merge("both", b.trues, op.map("neg", b.falses, lambda kv: (kv[0], -kv[1])))
+    rows = op.map("row", both, lambda kv: {"user": kv[0], "n": kv[1]})
+    op.output("out", rows, SparkSink("parquet", "/nowhere", schema="user STRING, n LONG"))
+    return compile_flow(flow)
+
+
+def test_a_sink_stages_steps_over_whole_lists_give_each_streams_items():
+    """`unordered_streams` against `stage_streams`: the same items in every stream (any order); an error falls back."""
+    from flowspark.spark.ops import stage_streams, unordered_streams
+
+    spec = next(st.spec for st in _branchy_flow().stages if st.spec.chain)
+    chain_out = [("a", 1), ("b", 0), ("a", 3), ("c", 2), ("b", 5), ("c", 0)]
+    whole = unordered_streams(spec, chain_out)
+    assert whole is not None
+    step = stage_streams(spec, [(source_seq(0, 0, i), x) for i, x in enumerate(chain_out)])
+    assert set(whole) == set(step)
+    for stream, items in step.items():
+        assert sorted(map(repr, whole[stream])) == sorted(repr(x) for _s, x in items), stream
+    rows = whole[spec.ports[0].stream]
+    assert sorted((r["user"], r["n"]) for r in rows) == sorted(
+        [("a", -1), ("a", -1), ("a", -3), ("a", -3), ("c", 2), ("c", 2), ("b", -5), ("b", -5)]
+    )
+    bad = next(st.spec for st in _branchy_flow(fail_on=3).stages if st.spec.chain)
+    assert unordered_streams(bad, chain_out) is None  # the caller reruns item by item for the error
+    with pytest.raises(FlowsparkRuntimeError, match="step 'f.twice.flat_map_batch'.*unlucky") as info:
+        stage_streams(bad, [(b"", x) for x in chain_out])
+    assert "('a', 3)" in str(info.value)
+
+
+def test_a_bucket_call_writing_a_sink_runs_its_steps_over_whole_lists_and_words_a_steps_error():
+    import pandas as pd
+    from pyspark.sql.types import LongType, StringType, StructField, StructType  # noqa: TID251
+
+    struct = StructType([StructField("user", StringType()), StructField("n", LongType())])
+    schema = RowSchema("f.out", struct, "UTC")
+    rows = [("a", 1), ("c", 2), ("a", 2), ("b", 5)]
+    got = []
+    for fail_on in (None, 3):
+        plan = physical(_branchy_flow(fail_on), writer_sink="f.out", atomic_sinks=frozenset({"f.out"}))
+        spec = next(st.spec for st in plan.stages if st.spec.chain)
+        assert "sink_fusion" in spec.modes
+        driver = BucketDriver(spec, sink_rows=("f.out", schema), timers=False)
+        assert driver.sink_line is None
+        v = [dumps({"user": u, "v": n} if spec.input_value_only else (u, {"user": u, "v": n})) for u, n in rows]
+        seq = [source_seq(0, 0, 0, i) for i in range(len(rows))]
+        pdf = pd.DataFrame({"k": [u for u, _ in rows], "seq": seq, "v": v})
+        try:
+            frame = driver.call({}, iter([pdf]), T0)
+            got.append(sorted(zip(frame["user"], frame["n"], strict=True)))
+        except RuntimeError as e:
+            got.append(str(e))
+    assert got[0] == sorted([("a", -1), ("a", -1), ("a", -3), ("a", -3), ("c", 2), ("c", 2), ("b", -5), ("b", -5)])
+    assert "step 'f.twice.flat_map_batch'" in got[1]
+    assert "unlucky" in got[1]
+
+
+class _Halts(CountingTimer):
+    """A `Timer` that discards itself on a `None` value and whose notification discards it too."""
+
+    def on_item(self, value):
+        self.at = value
+        return [("item", value)], self.DISCARD if value is None else self.RETAIN
+
+    def on_notify(self):
+        fired, self.at = self.at, None
+        return [("notify", fired)], self.DISCARD
+
+
+@pytest.mark.parametrize("cls", [Sum, CountingTimer, _Halts, Burst])
+def test_drive_values_gives_drives_untagged_emits_and_logic(cls):
+    """`StepDriver.drive_values` against `drive` with empty tags, for new and rebuilt logics, due or not."""
+    from flowspark.runtime.driver import UNKNOWN, StepDriver
+
+    driver = StepDriver("f.st", stateful_builder(cls))
+    past, future = T0 - timedelta(seconds=1), T0 + timedelta(seconds=1)
+    values = {Sum: [1, 2, 3], Burst: [2, 0, 3]}.get(cls, [future, past, None, future])
+    for state in (None, past, future, 5):
+        if state is not None and (cls in (Sum, Burst)) != (type(state) is int):
+            continue
+        for due in (UNKNOWN, None, past, future):
+            for n in (0, 1, len(values)):
+                logic = None if state is None else driver.build("k", state)
+                want, want_logic = driver.drive("k", [(b"", v) for v in values[:n]], logic, T0, False, False, due)
+                logic = None if state is None else driver.build("k", state)
+                got, got_logic = driver.drive_values("k", values[:n], logic, T0, due)
+                assert got == [w for _t, w in want]
+                assert (got_logic is None) == (want_logic is None)
+                if got_logic is not None:
+                    assert got_logic.snapshot() == want_logic.snapshot()
+
+
+def test_a_one_step_bucket_call_writing_a_sink_drives_values_without_sequences():
+    """`BucketDriver._process_values` against `process_runs`: the same items (any order) and state entries."""
+    past, future = T0 - timedelta(seconds=1), T0 + timedelta(seconds=1)
+    runs = [("new", [past, future]), ("due", [future]), ("later", [past]), ("idle", [None])]
+    old = {"due": ([(past,)], past), "later": ([(future,)], future, RUN), "idle": ([(None,)], None, RUN)}
+    old["waits"] = ([(past,)], past, RUN)  # no values, due: fires
+    got = {}
+    for values in (True, False):
+        driver = BucketDriver(_timer_spec(_Halts), sink_rows=("f.out", None))
+        assert driver.sink_values
+        driver.run = RUN
+        table = copy.deepcopy(old)
+        if values:
+            items = driver._process_values(table, runs, T0)
+        else:
+            tagged = [(k, [(b"", v) for v in vs]) for k, vs in runs]
+            items = [x for _s, x in driver.process_runs(table, tagged, T0)]
+        got[values] = (sorted(map(repr, items)), table)
+    assert got[True] == got[False]
+    # "later" and "waits" fire after the values and discard, "idle" discards on its value; "due"
+    # fires and discards before its value, then a fresh logic takes it.
+    assert got[True][1] == {"new": ([(future,)], future, RUN), "due": ([(future,)], future, RUN)}
+    assert got[True][0] == sorted(
+        repr(x)
+        for x in [
+            ("new", ("item", past)),
+            ("new", ("item", future)),
+            ("due", ("notify", past)),
+            ("due", ("item", future)),
+            ("later", ("item", past)),
+            ("later", ("notify", past)),
+            ("idle", ("item", None)),
+            ("waits", ("notify", past)),
+        ]
+    )

@@ -39,8 +39,8 @@ def per_call_stage(
 def file_rows(df: Any, source: Any) -> bool:
     """Whether Spark gives `df`'s rows their file and row index (`_metadata`: a parquet file stream).
 
-    A stage writing a sink with one `stateful_map` (`BucketDriver.flat`) needs only each key's
-    rows in order, not sequences: those two numbers, computed by Spark, order them without the
+    A stage writing a sink's rows (without a dead letter) needs only each key's rows in
+    order, not sequences: those two numbers, computed by Spark, order them without the
     Arrow pass that numbers the rows (`number_rows`). The order among a micro-batch's files is
     that of their paths' `xxhash64` (the pass's is Spark's packing of files into partitions):
     each file's rows stay in order, as a replayed micro-batch gives them again.

@@ -234,7 +234,7 @@ class Lowering:
             ck = st.spec.column_key
             if ck is not None:
                 numbered = (
-                    "numbered by the file and row index Spark reads"
+                    f"numbered by the file and row index Spark reads{tick}"
                     if "file_order" in st.spec.modes
                     else f"numbered by an Arrow pass{tick}"
                 )

@@ -382,7 +382,8 @@ class StreamingRun:
     def _column_key_input(self, spec: StageSpec, df: Any, file_order: bool = False) -> Any:
         """The source's rows numbered (`ID_COLUMN`) and bucketed on the key column, plus ticks with timers.
 
-        With `file_order`, numbered by Spark instead: `FILE_COLUMN` and `ROW_COLUMN` (see `file_rows`).
+        With `file_order`, numbered by Spark instead: `FILE_COLUMN` and `ROW_COLUMN` (see `file_rows`);
+        tick rows have no `ROW_COLUMN`.
         """
         from pyspark.sql import functions as F  # noqa: N812
 
@@ -391,23 +392,24 @@ class StreamingRun:
         from pyspark.sql.types import LongType, StructField, StructType
 
         key = F.col("`" + ck.column.replace("`", "``") + "`")
-        df = self._times_as_micros(spec, df)
-        if file_order:
-            assert not self.timers, "a file-ordered stage has no ticks"
+        if file_order:  # `_metadata` is the file source's: read before any other projection
             df = df.select(
                 F.xxhash64(F.col("_metadata.file_path")).alias(FILE_COLUMN),
                 F.col("_metadata.row_index").alias(ROW_COLUMN),
                 "*",
             )
-            return df.withColumn("bucket", F.pmod(F.hash(key), F.lit(self.buckets)))
-        # Spark refuses monotonically_increasing_id() on streams: the same number is added by
-        # an Arrow pass-through (no row objects), so the keyed stage can order each key's rows.
-        numbered = StructType([StructField(ID_COLUMN, LongType(), False), *df.schema.fields])
-        df = df.mapInArrow(number_rows, numbered)
+        df = self._times_as_micros(spec, df)
+        if not file_order:
+            # Spark refuses monotonically_increasing_id() on streams: the same number is added by
+            # an Arrow pass-through (no row objects), so the keyed stage can order each key's rows.
+            numbered = StructType([StructField(ID_COLUMN, LongType(), False), *df.schema.fields])
+            df = df.mapInArrow(number_rows, numbered)
         df = df.withColumn("bucket", F.pmod(F.hash(key), F.lit(self.buckets)))
         if self.timers:
-            tick_bucket = F.pmod(F.hash(F.lit(None).cast("string")), F.lit(self.buckets)).alias("bucket")
-            df = df.unionByName(self._ticks(["k", "seq", "v"]).select(tick_bucket), allowMissingColumns=True)
+            tick = [F.pmod(F.hash(F.lit(None).cast("string")), F.lit(self.buckets)).alias("bucket")]
+            if file_order:  # a file hash for ticks too: pandas would hand a column with nulls over as floats
+                tick.append(F.lit(0).cast("long").alias(FILE_COLUMN))
+            df = df.unionByName(self._ticks(["k", "seq", "v"]).select(*tick), allowMissingColumns=True)
         return df
 
     def _times_as_micros(self, spec: StageSpec, df: Any) -> Any:

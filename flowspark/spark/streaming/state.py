@@ -40,10 +40,10 @@ from typing import Any, Callable, Optional
 
 from flowspark._time import use_clock
 from flowspark.errors import FlowsparkRuntimeError
-from flowspark.runtime.driver import drive_chain, drive_states, idx
+from flowspark.runtime.driver import UNKNOWN, drive_chain, drive_states, idx
 from flowspark.spark.codec import encode_task_error, loads_all
 from flowspark.spark.columns import ID_COLUMN
-from flowspark.spark.ops import stage_streams, through
+from flowspark.spark.ops import stage_streams, through, unordered_streams
 from flowspark.spark.plan import StageSpec
 from flowspark.spark.streaming.chunklayout import ChunkTable, chunk_processor
 from flowspark.spark.streaming.keylayout import KeyTable, dump_state, key_processor
@@ -182,8 +182,9 @@ class BucketDriver:
         column_key: The stage's input is its source's own rows, keyed by Spark
             (`spec.column_key`): `ID_COLUMN` (`monotonically_increasing_id`), the source's
             columns and `bucket`; the call runs the source stage's steps on row dicts.
-            With the rule `file_order` (only for a `flat` stage) the number is
-            two columns instead: `FILE_COLUMN` and `ROW_COLUMN`, which order each key's rows.
+            With the rule `file_order` (a stage writing a sink's rows, without a dead letter: no
+            sequences) the number is two columns instead: `FILE_COLUMN` and `ROW_COLUMN`, which
+            order each key's rows (tick rows: no row index).
     """
 
     def __init__(
@@ -212,6 +213,11 @@ class BucketDriver:
         # The rule `flat_driver`: one such step writing a sink's rows, no timers, routes or dead
         # letter: each key's values are mapped as a list, and the sink's items built without sequences.
         self.flat = "flat_driver" in spec.modes
+        # One step and no TTL: each key's logic is driven without the chain's bookkeeping (`_process_one`).
+        self.one = len(self.drivers) == 1 and ttl is None
+        # ... writing a sink's rows without a dead letter: nothing reads a sequence, so each key's
+        # values are driven without tags (`_process_values`).
+        self.sink_values = self.one and sink_rows is not None and not spec.dead_letter and route is None
         # The rule `mapper_line`: the steps after the chain are one line of one-to-one mappers.
         self.sink_line = spec.one_to_one_mappers() if sink_rows is not None and "mapper_line" in spec.modes else None
         # The rule `file_order`: the rows come numbered by their file and row index.
@@ -337,23 +343,79 @@ class BucketDriver:
             d.resumed.clear()  # keys of an earlier call's logics built but never fed
         if self.bare:
             self._process_bare(table, runs, tags, out)
+        elif self.one:
+            self._process_one(table, runs, now, tags, out)
         else:
             for key, items in runs:
                 ent = table.get(key)
                 snaps = ent[0] if ent else None
                 fed: Optional[list[bool]] = [] if ttl else None  # the TTL counts from a step's last value
+                logics = self._logics(key, ent, now)
+                # An entry's `notify_at` is the earliest of its logics' when they were frozen.
+                due = ent[1] if ent else UNKNOWN
                 emits, logics = drive_chain(
-                    self.drivers, key, items, self._logics(key, ent, now), now=now, eof=False, fed=fed, tags=tags
+                    self.drivers, key, items, logics, now=now, eof=False, fed=fed, tags=tags, due=due
                 )
                 out.extend([(s, (key, w)) for s, w in emits])
                 self._store(table, key, logics, self._times(snaps, now, fed) if ttl else None)
-        if isinstance(table, ChunkTable):
-            due = table.due(now)
-        else:
-            due = sorted((at, key) for key, at in _pending(table) if at <= now)
-        for rank, (_at, key) in enumerate(due):
+        for rank, (_at, key) in enumerate(self._due(table, now)):
             self._fire(table, key, rank, now, out)
         return out
+
+    def _due(self, table: Any, now: datetime) -> list[tuple[datetime, str]]:
+        """`(notify_at, key)` of the bucket's keys due by `now`, in the order they fire."""
+        if isinstance(table, ChunkTable):
+            return table.due(now)
+        return sorted((at, key) for key, at in _pending(table) if at <= now)
+
+    def _process_values(self, table: Any, runs: Any, now: datetime) -> list[tuple[str, Any]]:
+        """`process_runs` for `sink_values`, on runs of values: the `(key, emit)` items, the same entries."""
+        d = self.drivers[0]
+        d.resumed.clear()
+        run = self.run
+        timers = self.timers
+        items: list[tuple[str, Any]] = []
+        for key, values in runs:
+            ent = table.get(key)
+            snap = ent[0][0] if ent else None
+            if snap is None:
+                ws, logic = d.drive_values(key, values, None, now)
+            else:
+                ws, logic = d.drive_values(key, values, d.build(key, snap[0], self.earlier(ent)), now, ent[1])
+            if ws:
+                items.extend([(key, w) for w in ws])
+            if logic is None:
+                table.pop(key, None)
+            else:
+                table[key] = ([(d.snapshot(key, logic),)], d.notify_at(key, logic) if timers else None, run)
+        fired: list[tuple[bytes, Any]] = []
+        for rank, (_at, key) in enumerate(self._due(table, now)):
+            self._fire(table, key, rank, now, fired)
+        items.extend([x for _s, x in fired])
+        return items
+
+    def _process_one(self, table: Any, runs: Any, now: datetime, tags: bool, out: list[tuple[bytes, Any]]) -> None:
+        """`process_runs`' values for a chain of one step without a TTL: the same entries, the same emits.
+
+        The entry's `notify_at` (read after the logic's last hook) is the logic's schedule: a
+        rebuilt logic is asked again only when it is due (`StepDriver.drive`'s `due`).
+        """
+        d = self.drivers[0]
+        run = self.run
+        timers = self.timers
+        for key, items in runs:
+            ent = table.get(key)
+            snap = ent[0][0] if ent else None
+            if snap is None:
+                emits, logic = d.drive(key, items, None, now, False, tags)
+            else:
+                logic = d.build(key, snap[0], self.earlier(ent))
+                emits, logic = d.drive(key, items, logic, now, False, tags, ent[1])
+            out.extend([(s, (key, w)) for s, w in emits])
+            if logic is None:
+                table.pop(key, None)
+            else:
+                table[key] = ([(d.snapshot(key, logic),)], d.notify_at(key, logic) if timers else None, run)
 
     def _process_bare(self, table: Any, runs: Any, tags: bool, out: list[tuple[bytes, Any]]) -> None:
         """`process_runs`' values for a chain of steps with a `batch_fn`: the same entries, the same emits."""
@@ -505,9 +567,11 @@ class BucketDriver:
         dead: Optional[list[tuple[bytes, Any]]] = [] if self.spec.dead_letter else None
         try:
             with use_clock(lambda: now), no_gc():
-                if self.flat:
+                if self.flat or self.sink_values:
                     runs = self._column_runs(pdfs, values_only=True) if self.column_key else self._row_runs(pdfs, True)
-                    return self._sink_items_frame(self._process_flat(table, runs))
+                    if self.flat:
+                        return self._sink_items_frame(self._process_flat(table, runs))
+                    return self._sink_items_frame(self._process_values(table, runs, now))
                 if self.column_key:
                     emits = self.process_runs(table, self._column_runs(pdfs, dead), now)
                 else:
@@ -546,11 +610,18 @@ class BucketDriver:
         columns_as: Optional[dict[str, Callable[[Any], list[Any]]]] = None
         if self.time_columns or any(pa.types.is_timestamp(f.type) for f in table.schema):
             table, columns_as = self._timestamps(table)
+        # A sink's rows are written in any order: their runs need no sequences (the numbers below
+        # still order each key's values).
+        ordered = self.sink_rows is None or dead is not None
         # The number is the first column (transformWithStateInPandas hands it over as `_0`).
         # Renamed in Arrow: pandas' rename and drop copy the frame (8% of the stage, measured).
         if self.file_order:
-            assert values_only, "file order gives no sequences"
+            assert not ordered, "file order gives no sequences"
             table = table.rename_columns([FILE_COLUMN, ROW_COLUMN, *table.column_names[2:]]).drop_columns(["bucket"])
+            if self.timers:
+                table = table.filter(pc.is_valid(table.column(ROW_COLUMN)))  # tick rows have no row index
+                if not table.num_rows:
+                    return []
             order = [(ck.column, "ascending"), (FILE_COLUMN, "ascending"), (ROW_COLUMN, "ascending")]
             table = table.take(pc.sort_indices(table, sort_keys=order)).drop_columns([ROW_COLUMN])
             table = table.rename_columns([ID_COLUMN, *table.column_names[1:]])  # read by nobody (no sequences)
@@ -563,9 +634,6 @@ class BucketDriver:
             # Arrow orders strings by UTF-8 bytes: Python's order of str; null keys last.
             order = [(ck.column, "ascending"), (ID_COLUMN, "ascending")]
             table = table.take(pc.sort_indices(table, sort_keys=order))
-        # A sink's rows are written in any order: their runs need no sequences (the ids above
-        # still order each key's values).
-        ordered = self.sink_rows is None or dead is not None
         batches = iter(table.combine_chunks().to_batches())
         return list(column_key_runs(self.spec, batches, dead, ordered, values_only, columns_as))
 
@@ -597,10 +665,14 @@ class BucketDriver:
         """`_sink_frame` of the chain's emitted items."""
         assert self.sink_rows is not None
         step_id, rows = self.sink_rows
-        items = through(self.sink_line, chain_items) if self.sink_line is not None else None
-        if items is None:  # not a line of one-to-one steps, or a step raised: step by step, for its error
-            pairs = stage_streams(self.spec, [(b"", x) for x in chain_items]).get(self.spec.ports[0].stream, ())
-            items = [x for _s, x in pairs]
+        port = self.spec.ports[0].stream
+        if self.sink_line is not None:
+            items = through(self.sink_line, chain_items)
+        else:  # a sink's rows are written in any order: each step over the whole list
+            streams = unordered_streams(self.spec, chain_items)
+            items = None if streams is None else streams.get(port, [])
+        if items is None:  # a step raised: step by step, for its error
+            items = [x for _s, x in stage_streams(self.spec, [(b"", x) for x in chain_items]).get(port, ())]
         return sink_frame(dict_rows(step_id, items, rows), items) if items else None
 
     def pandas_function(self) -> Callable[[Any, Iterator[Any], Any], Iterator[Any]]:
