@@ -152,6 +152,28 @@ def _check_bare(w: _Work, sid: int) -> Optional[str]:
     return None
 
 
+def _check_one_step(w: _Work, sid: int) -> Optional[str]:
+    if len(w.spec(sid).chain) != 1:
+        return "the stage chains several steps"
+    if w.applied("bare_state", f"stage {sid}"):
+        return "bare_state applies (its own path)"
+    if w.env.ttl:
+        return "the run has a state_ttl (the chain's bookkeeping keeps each step's last value time)"
+    return None
+
+
+def _check_values(w: _Work, sid: int) -> Optional[str]:
+    if not w.applied("one_step", f"stage {sid}"):
+        return "one_step did not apply"
+    if "sink_fusion" not in w.spec(sid).modes:
+        return "the stage does not write a sink's rows (sink_fusion)"
+    if w.plan.dead_letter is not None:
+        return "the run has a dead letter (its entries carry sequences)"
+    if w.env.routed:
+        return "the query routes every stage's rows through one chain (their sequences order them)"
+    return None
+
+
 def _column_key(w: _Work, sid: int) -> ColumnKey | str:
     """The Spark-keyed form of keyed stage `sid` (`ColumnKey`), or why it has none."""
     st = w.stage(sid)
@@ -526,6 +548,16 @@ RULES: tuple[Rule, ...] = (
         _mode("bare_state"),
     ),
     Rule(
+        "one_step",
+        "stage",
+        _STREAM,
+        False,
+        "a keyed stage of one stateful step without a state_ttl drives each key's logic directly, without the "
+        "bookkeeping of a chain of steps",
+        _check_one_step,
+        _mode("one_step"),
+    ),
+    Rule(
         "native_reduction",
         "stage",
         _BATCH,
@@ -635,6 +667,16 @@ RULES: tuple[Rule, ...] = (
         "one stateful_map writing a sink's rows maps each key's values as a list, computing no sequences",
         _check_flat,
         _mode("flat_driver"),
+    ),
+    Rule(
+        "values_driver",
+        "stage",
+        _STREAM,
+        False,
+        "one_step writing a sink's rows, without a dead letter, drives each key's values without tags "
+        "(nothing reads their sequences)",
+        _check_values,
+        _mode("values_driver"),
     ),
     Rule(
         "ordered_source",

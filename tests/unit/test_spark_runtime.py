@@ -708,8 +708,9 @@ class CountingTimer(Timer):
         return self.at
 
 
-def _timer_spec(cls):
-    return StageSpec(1, "rows", "s", chain=(KeyedStep("f.t", stateful_builder(cls)),), depth_in=len(seqs(1)[0]))
+def _timer_spec(cls, modes=frozenset()):
+    chain = (KeyedStep("f.t", stateful_builder(cls)),)
+    return StageSpec(1, "rows", "s", chain=chain, depth_in=len(seqs(1)[0]), modes=frozenset(modes))
 
 
 @pytest.mark.parametrize("tags", [True, False])
@@ -725,7 +726,7 @@ def test_the_one_step_bucket_call_keeps_the_chain_paths_entries_and_emits(tags):
     old = {"due": ([(past,)], past), "later": ([(future,)], future, RUN), "idle": ([(None,)], None, RUN)}
     out = {}
     for one in (True, False):
-        driver = BucketDriver(_timer_spec(CountingTimer))
+        driver = BucketDriver(_timer_spec(CountingTimer, {"one_step"}))  # the rule one_step applied
         assert driver.one
         driver.one = one
         driver.run = RUN
@@ -873,7 +874,8 @@ def test_a_one_step_bucket_call_writing_a_sink_drives_values_without_sequences()
     old["waits"] = ([(past,)], past, RUN)  # no values, due: fires
     got = {}
     for values in (True, False):
-        driver = BucketDriver(_timer_spec(_Halts), sink_rows=("f.out", None))
+        # the rules one_step and values_driver applied
+        driver = BucketDriver(_timer_spec(_Halts, {"one_step", "values_driver"}), sink_rows=("f.out", None))
         assert driver.sink_values
         driver.run = RUN
         table = copy.deepcopy(old)

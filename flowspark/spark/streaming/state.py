@@ -213,11 +213,14 @@ class BucketDriver:
         # The rule `flat_driver`: one such step writing a sink's rows, no timers, routes or dead
         # letter: each key's values are mapped as a list, and the sink's items built without sequences.
         self.flat = "flat_driver" in spec.modes
-        # One step and no TTL: each key's logic is driven without the chain's bookkeeping (`_process_one`).
-        self.one = len(self.drivers) == 1 and ttl is None
-        # ... writing a sink's rows without a dead letter: nothing reads a sequence, so each key's
-        # values are driven without tags (`_process_values`).
-        self.sink_values = self.one and sink_rows is not None and not spec.dead_letter and route is None
+        # The rule `one_step`: one step and no TTL: each key's logic is driven without the chain's
+        # bookkeeping (`_process_one`).
+        self.one = "one_step" in spec.modes
+        # The rule `values_driver`: `one_step` writing a sink's rows without a dead letter: nothing
+        # reads a sequence, so each key's values are driven without tags (`_process_values`).
+        self.sink_values = "values_driver" in spec.modes
+        assert not self.one or (len(self.drivers) == 1 and ttl is None), "one_step: one step, no state_ttl"
+        assert not self.sink_values or (sink_rows is not None and route is None), "values_driver: a fused sink"
         # The rule `mapper_line`: the steps after the chain are one line of one-to-one mappers.
         self.sink_line = spec.one_to_one_mappers() if sink_rows is not None and "mapper_line" in spec.modes else None
         # The rule `file_order`: the rows come numbered by their file and row index.
