@@ -16,8 +16,9 @@ sources and sinks), `session` (sessions, shipping user modules), `tools`
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flowspark._lazy import lazy_names
 
 if TYPE_CHECKING:
     from flowspark.spark.api import run
@@ -40,11 +41,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        msg = f"module 'flowspark.spark' has no attribute {name!r}"
-        raise AttributeError(msg)
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _HOMES, globals())

@@ -36,8 +36,9 @@ checkpoint's metadata), `ckfs`, `deadletter`, `outbox`, `routing`.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from flowspark._lazy import lazy_names
 
 if TYPE_CHECKING:
     from flowspark.spark.streaming.checkpoint import META_FILE, check_meta
@@ -70,11 +71,4 @@ _HOMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        msg = f"module 'flowspark.spark.streaming' has no attribute {name!r}"
-        raise AttributeError(msg)
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_names(__name__, _HOMES, globals())
