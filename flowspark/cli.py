@@ -314,6 +314,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from flowspark.spark.describe import describe_stage
     from flowspark.spark.optimize import Env, optimize
     from flowspark.spark.streaming import Lowering, compile_streaming, needs_timers
+    from flowspark.spark.streaming.checkpoint import untimed_choice
     from flowspark.spark.switches import rules_arg
 
     plan = compile_flow(flow.validate())
@@ -340,8 +341,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             plan, physical = streaming_physical_plans(flow, spark, args.buckets, rules=args.rules)
     if not plan.bounded:
         timers = needs_timers(plan)
-        # a new checkpoint's choice without state_ttl (`check_untimed`); the text says what a state_ttl changes
-        untimed = args.state_layout != "bucket" and not timers
+        # a new checkpoint's choice without state_ttl; the text says what a state_ttl changes
+        untimed = untimed_choice(args.state_layout, timers, ttl=False)
         streaming = Lowering(plan, args.buckets, timers, args.state_layout, untimed)
     describe = describe_stage if streaming is None else streaming.stage
     layout = _state_layout(plan, streaming, partitions)

@@ -53,7 +53,6 @@ __all__ = ["build_dataframes", "check_bounded", "run_plan"]
 _log = logging.getLogger("flowspark.spark")
 _ROW_SCHEMA = "p int, k string, seq binary, v binary"
 _IN_SCHEMA = "k string, seq binary, v binary"
-#: The column Spark adds when it keys rows itself (`ColumnKey`): the row's partition and position.
 
 
 def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:

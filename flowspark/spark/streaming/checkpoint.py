@@ -26,6 +26,7 @@ __all__ = [
     "check_recorded",
     "check_sink_log",
     "check_untimed",
+    "untimed_choice",
     "load_counts",
     "pin_schema",
     "pinned_schemas",
@@ -174,6 +175,20 @@ def check_recorded(
         _check_untimed(checkpoint, bool(meta.get(UNTIMED, False)), ttl)
 
 
+def untimed_choice(layout: str, timers: bool, ttl: bool) -> bool:
+    """Whether a new checkpoint's query runs untimed (see `check_untimed`): a key or chunk layout, no timers, no TTL.
+
+    Args:
+        layout: The layout the query runs with.
+        timers: Whether the query runs with timers.
+        ttl: Whether the run has a `state_ttl`.
+
+    Returns:
+        The choice.
+    """
+    return layout != "bucket" and not timers and not ttl
+
+
 def check_untimed(checkpoint: str, layout: str, timers: bool, ttl: bool) -> bool:
     """Record whether a new checkpoint's key or chunk layout query runs untimed, or return the recorded choice.
 
@@ -195,7 +210,7 @@ def check_untimed(checkpoint: str, layout: str, timers: bool, ttl: bool) -> bool
     Raises:
         RecoveryError: The checkpoint's query ran untimed and this run has a `state_ttl`.
     """
-    untimed = check_flag(checkpoint, UNTIMED, layout != "bucket" and not timers and not ttl)
+    untimed = check_flag(checkpoint, UNTIMED, untimed_choice(layout, timers, ttl))
     _check_untimed(checkpoint, untimed, ttl)
     return untimed
 

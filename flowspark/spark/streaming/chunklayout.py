@@ -20,12 +20,10 @@ import zlib
 from datetime import datetime, timedelta, timezone
 from typing import Any, Optional
 
-from flowspark.spark.streaming.keylayout import dump_state, tiered_processor
+from flowspark.spark.streaming.keylayout import HOT_PER_BUCKET, dump_state, tiered_processor
 
 __all__ = ["CHUNKS", "CHUNK_KEYS", "HOT_PER_BUCKET", "ChunkTable", "chunk_of", "chunk_processor"]
 
-#: The most keys of a bucket kept in its bookkeeping row (the hot tier).
-HOT_PER_BUCKET = 1024
 #: Cold keys per chunk, on average, past which a bucket's chunk count doubles.
 CHUNK_KEYS = 512
 #: Name and schemas of the chunks' MapState (chunk number -> pickled `{key: entry}`).

@@ -191,7 +191,7 @@ def tiered_processor(
             without timers and without `state_ttl` runs with `timed=False` (time mode "None",
             rows without a TTL): Spark then plans no processing-time work and runs no no-data
             micro-batches. Spark stores a row's TTL with the row, so a checkpoint keeps its
-            choice (`flowspark.spark.streaming.checkpoint.check_timed`).
+            choice (`flowspark.spark.streaming.checkpoint.check_untimed`).
 
     Returns:
         The processor.

@@ -20,7 +20,6 @@ from flowspark.spark.optimize import Env
 from flowspark.spark.outputs import SparkSink
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
 from flowspark.spark.streaming.chunklayout import CHUNK_KEYS
-from flowspark.spark.streaming.chunklayout import HOT_PER_BUCKET as CHUNK_HOT
 from flowspark.spark.streaming.keylayout import HOT_PER_BUCKET
 from flowspark.spark.streaming.routing import (
     needs_routing,
@@ -260,7 +259,7 @@ class Lowering:
         if self.layout == "chunk":
             return (
                 f"layout 'chunk': entries (snapshots, notify_at, run), snapshots[i] = None or (snapshot of {which},); "
-                f"a bucket's row holds its last {CHUNK_HOT} touched keys' entries and which keys wait for a "
+                f"a bucket's row holds its last {HOT_PER_BUCKET} touched keys' entries and which keys wait for a "
                 f"notification, the other keys sit in MapState chunks (crc32(key) % chunks, the count doubling past "
                 f"{CHUNK_KEYS} keys per chunk) read and rewritten only when one of their keys is touched{timeout}; "
                 "the bucket count is fixed for a checkpoint"

@@ -375,8 +375,6 @@ class BucketDriver:
         """`process_runs` for `sink_values`, on runs of values: the `(key, emit)` items, the same entries."""
         d = self.drivers[0]
         d.resumed.clear()
-        run = self.run
-        timers = self.timers
         items: list[tuple[str, Any]] = []
         for key, values in runs:
             ent = table.get(key)
@@ -387,15 +385,20 @@ class BucketDriver:
                 ws, logic = d.drive_values(key, values, d.build(key, snap[0], self.earlier(ent)), now, ent[1])
             if ws:
                 items.extend([(key, w) for w in ws])
-            if logic is None:
-                table.pop(key, None)
-            else:
-                table[key] = ([(d.snapshot(key, logic),)], d.notify_at(key, logic) if timers else None, run)
+            self._store_one(table, key, logic)
         fired: list[tuple[bytes, Any]] = []
         for rank, (_at, key) in enumerate(self._due(table, now)):
             self._fire(table, key, rank, now, fired)
         items.extend([x for _s, x in fired])
         return items
+
+    def _store_one(self, table: Any, key: str, logic: Any) -> None:
+        """Store a one-step key's entry after its call (`one_step`): its logic's snapshot and `notify_at`, or none."""
+        if logic is None:
+            table.pop(key, None)
+        else:
+            d = self.drivers[0]
+            table[key] = ([(d.snapshot(key, logic),)], d.notify_at(key, logic) if self.timers else None, self.run)
 
     def _process_one(self, table: Any, runs: Any, now: datetime, tags: bool, out: list[tuple[bytes, Any]]) -> None:
         """`process_runs`' values for a chain of one step without a TTL: the same entries, the same emits.
@@ -404,8 +407,6 @@ class BucketDriver:
         rebuilt logic is asked again only when it is due (`StepDriver.drive`'s `due`).
         """
         d = self.drivers[0]
-        run = self.run
-        timers = self.timers
         for key, items in runs:
             ent = table.get(key)
             snap = ent[0][0] if ent else None
@@ -415,10 +416,7 @@ class BucketDriver:
                 logic = d.build(key, snap[0], self.earlier(ent))
                 emits, logic = d.drive(key, items, logic, now, False, tags, ent[1])
             out.extend([(s, (key, w)) for s, w in emits])
-            if logic is None:
-                table.pop(key, None)
-            else:
-                table[key] = ([(d.snapshot(key, logic),)], d.notify_at(key, logic) if timers else None, run)
+            self._store_one(table, key, logic)
 
     def _process_bare(self, table: Any, runs: Any, tags: bool, out: list[tuple[bytes, Any]]) -> None:
         """`process_runs`' values for a chain of steps with a `batch_fn`: the same entries, the same emits."""
