@@ -256,6 +256,8 @@ class Runs:
         for f in range(3):
             part = spark.createDataFrame(EVENTS[f * 15 : (f + 1) * 15], SCHEMA).toPandas()
             part.to_parquet(os.path.join(self.parquet_dir, f"f{f:03d}.parquet"))
+            # A file stream takes files in modification-time order: one second apart, the order written.
+            os.utime(os.path.join(self.parquet_dir, f"f{f:03d}.parquet"), (1_700_000_000 + f,) * 2)
 
     def source(self, flow: Flow) -> Any:
         if flow.source == "list":

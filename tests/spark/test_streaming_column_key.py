@@ -173,6 +173,10 @@ def _write_timed(path: str, rows: list, files: int) -> None:
             }
         )
         pq.write_table(table, f"{path}/f{f:03d}.parquet")
+        # A file stream takes files in modification-time order (milliseconds); files written in
+        # the same millisecond came in either order, and a later file first made the earlier
+        # one's events late (CI, stop 35). One second apart, they come in the order written.
+        os.utime(f"{path}/f{f:03d}.parquet", (1_700_000_000 + f, 1_700_000_000 + f))
 
 
 def _times_flow(src) -> tuple[Dataflow, list]:
