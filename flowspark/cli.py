@@ -111,10 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--state-layout",
-        choices=["bucket", "key", "chunk"],
-        help="streaming: state layout: bucket (one state row per bucket, for small state), key (one row per "
-        "key, for large state) or chunk (rows of many keys, for large state filled fast); default the "
-        "checkpoint's, bucket for a new one",
+        choices=["chunk", "bucket", "key"],
+        help="streaming: state layout: chunk (hot keys per bucket, the others in rows of many keys: cost follows "
+        "the keys touched), bucket (one state row per bucket, for small state) or key (one row per cold key); "
+        "default the checkpoint's, chunk for a new one",
     )
     run.add_argument(
         "--state-ttl",
@@ -175,7 +175,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--buckets", type=positive_int, default=64, metavar="B", help="streaming flows: state buckets (default 64)"
     )
     plan.add_argument(
-        "--state-layout", choices=["bucket", "key", "chunk"], default="bucket", help="streaming flows: state layout"
+        "--state-layout",
+        choices=["chunk", "bucket", "key"],
+        default="chunk",
+        help="streaming flows: state layout (default chunk, a new checkpoint's)",
     )
     plan.add_argument("--rules", metavar="RULES", help=RULES_HELP)
 
@@ -338,7 +341,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if plan.bounded:
             plan, physical = physical_plans(plan, spark, rules=args.rules)
         else:
-            plan, physical = streaming_physical_plans(flow, spark, args.buckets, rules=args.rules)
+            plan, physical = streaming_physical_plans(
+                flow, spark, args.buckets, rules=args.rules, layout=args.state_layout
+            )
     if not plan.bounded:
         timers = needs_timers(plan)
         # a new checkpoint's choice without state_ttl; the text says what a state_ttl changes
@@ -605,6 +610,7 @@ def _cmd_state(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from flowspark._paths import is_local
+    from flowspark.spark.streaming.checkpoint import LEGACY_LAYOUT
 
     local = is_local(args.checkpoint) and not args.checkpoint.startswith("file:")  # Path() cannot open file: URIs
     if local and not Path(args.checkpoint, "flowspark.json").is_file():
@@ -641,7 +647,7 @@ def _cmd_state(args: argparse.Namespace) -> int:
         doc = {
             "flow_id": meta.get("flow_id"),
             "buckets": meta.get("buckets"),
-            "state_layout": meta.get("state_layout", "bucket"),
+            "state_layout": meta.get("state_layout", LEGACY_LAYOUT),
             "stateful_steps": steps,
             "state": [
                 {
@@ -657,7 +663,7 @@ def _cmd_state(args: argparse.Namespace) -> int:
         return 0
     print(
         f"checkpoint {args.checkpoint}: dataflow {meta.get('flow_id')!r}, {meta.get('buckets')} buckets "
-        f"(layout {meta.get('state_layout', 'bucket')!r}), {len(table)} keys with state"
+        f"(layout {meta.get('state_layout', LEGACY_LAYOUT)!r}), {len(table)} keys with state"
     )
     for step, key, snap, at in records:
         when = f"  (next notification {at.isoformat()})" if at is not None else ""

@@ -109,7 +109,7 @@ def add_submit_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--state-layout",
-        choices=["bucket", "key", "chunk"],
+        choices=["chunk", "bucket", "key"],
         help="streaming: state layout of a new checkpoint (passed to the driver; see docs/streaming.md)",
     )
     parser.add_argument(

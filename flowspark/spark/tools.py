@@ -428,7 +428,7 @@ def _first_binary(value: Any) -> Optional[bytes]:
 
 
 def streaming_physical_plans(
-    flow: Any, spark: Any, buckets: int, mode: str = "formatted", rules: Any = None
+    flow: Any, spark: Any, buckets: int, mode: str = "formatted", rules: Any = None, layout: Optional[str] = None
 ) -> tuple[Any, list[tuple[int, str]]]:
     """Spark's plan of each stage of a streaming flow, built by the streaming run's own builder.
 
@@ -440,12 +440,15 @@ def streaming_physical_plans(
         buckets: State buckets of the keyed stage.
         mode: Spark's explain mode.
         rules: The rules switched on (`flowspark.spark.switches.rules_arg`).
+        layout: The state layout (`flowspark.spark.streaming.state.LAYOUTS`); default a new
+            checkpoint's.
 
     Returns:
         `(physical plan, [(stage id, plan text)])` (a new query's choices).
     """
     from flowspark.spark.streaming import StreamingRun, compile_streaming, needs_timers
-    from flowspark.spark.streaming.checkpoint import check_meta
+    from flowspark.spark.streaming.checkpoint import check_meta, untimed_choice
+    from flowspark.spark.streaming.state import LAYOUTS
     from flowspark.spark.switches import rules_arg
 
     plan = compile_streaming(flow)
@@ -461,6 +464,8 @@ def streaming_physical_plans(
             "max_items": 100_000,
             "timers": needs_timers(plan),
             "rules": rules_arg(rules, "flowspark plan"),
+            "layout": layout or LAYOUTS[0],
+            "untimed": untimed_choice(layout or LAYOUTS[0], needs_timers(plan), ttl=False),
         }
         sr = StreamingRun(plan, spark, options)
         sr.build()

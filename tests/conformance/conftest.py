@@ -7,8 +7,9 @@ restart continues with the rest from the checkpoint. Streaming has no end of inp
 end of input emits (`*_final` operators, windows and `collect` closing at EOF, `on_eof`,
 `join(emit_mode="final")`) is marked on the case with `notimpl(["spark-streaming"], ...)`.
 
-"spark-streaming-key" and "spark-streaming-chunk" run the streaming cases on the key and chunk
-state layouts (transformWithStateInPandas), which must give the default layout's results.
+"spark-streaming" runs on a new checkpoint's default state layout ("chunk");
+"spark-streaming-key" and "spark-streaming-bucket" run the streaming cases on the key and bucket
+state layouts, which must give the same results.
 
 "spark-rules-none" and "spark-streaming-rules-none" run the same lowerings with every
 optimizer rule switched off (`rules="none"`, the reference lowering): each rule's fast path must
@@ -70,11 +71,11 @@ _SAME_AS = {
     "spark-rules-none": "spark",
     "spark-streaming-rules-none": "spark-streaming",
     "spark-streaming-key": "spark-streaming",
-    "spark-streaming-chunk": "spark-streaming",
+    "spark-streaming-bucket": "spark-streaming",
 }
 
 #: Streaming runtimes on an explicit state layout (the others run on a new checkpoint's default).
-_LAYOUT = {"spark-streaming-key": "key", "spark-streaming-chunk": "chunk"}
+_LAYOUT = {"spark-streaming-key": "key", "spark-streaming-bucket": "bucket"}
 
 #: Runtimes that run with every optimizer rule switched off.
 _RULES_NONE = {"spark-rules-none", "spark-streaming-rules-none"}
@@ -87,7 +88,7 @@ _PARAMS = (
         pytest.param("spark-rules-none", marks=pytest.mark.spark),
         pytest.param("spark-streaming-rules-none", marks=[pytest.mark.spark, pytest.mark.slow]),
         pytest.param("spark-streaming-key", marks=[pytest.mark.spark, pytest.mark.slow]),
-        pytest.param("spark-streaming-chunk", marks=[pytest.mark.spark, pytest.mark.slow]),
+        pytest.param("spark-streaming-bucket", marks=[pytest.mark.spark, pytest.mark.slow]),
     ]
     if not _CONNECT
     else [

@@ -173,13 +173,19 @@ def test_state_of_a_non_checkpoint_is_one_line(tmp_path, capsys):
 
 def test_plan_spark_streaming_physical_plan(spark, tmp_path, capsys):
     root, out = str(tmp_path / "in"), str(tmp_path / "out.txt")
-    assert main(["plan", f"test_cli_spark:stream_flow({root!r}, {out!r})", "--spark", "--buckets", "4"]) == 0
+    flow = f"test_cli_spark:stream_flow({root!r}, {out!r})"
+    assert main(["plan", flow, "--spark", "--buckets", "4", "--state-layout", "bucket"]) == 0
     text = capsys.readouterr().out
     assert "runs as a Structured Streaming query" in text
     stage1 = text.split("== stage 1: Spark physical plan ==")[1]
     assert "FlatMapGroupsInPandasWithState" in stage1
     assert "pmod(hash(k" in stage1
     assert ", 4)" in stage1
+    # The physical plan is the layout's: a new checkpoint's default runs transformWithStateInPandas.
+    assert main(["plan", flow, "--spark", "--buckets", "4"]) == 0
+    stage1 = capsys.readouterr().out.split("== stage 1: Spark physical plan ==")[1]
+    assert "TransformWithStateInPySpark" in stage1
+    assert "FlatMapGroupsInPandasWithState" not in stage1
 
 
 def test_plan_spark_of_a_spark_keyed_stream_reads_and_writes_no_checkpoint(spark, tmp_path, monkeypatch):

@@ -153,7 +153,7 @@ def test_foreach_batch_sink_as_the_lone_output_of_a_routed_chain(spark, tmp_path
     write_jsonl(f"{root}/a/0001.jsonl", [{"user": u, "n": n} for u, n in [("ann", 1), ("bob", 2), ("ann", 3)]])
     got: list = []
     flow = _counts_and_sums(JsonlDirSource(root, ["a"]), ForeachBatchSink(lambda df, _b: got.extend(df.collect())))
-    assert Lowering(compile_flow(flow), 4, timers=False).routed
+    assert Lowering(compile_flow(flow), 4, timers=False, layout="bucket").routed
     run(flow, spark=spark, checkpoint=str(tmp_path / "chk"), trigger="available_now", progress=False)
     want: list = []
     run_main(_counts_and_sums(JsonlDirSource(root, ["a"], bounded=True), TestingSink(want)))
@@ -268,7 +268,7 @@ def test_the_plan_knows_whether_a_spark_source_streams(source, bounded):
     assert plan.bounded is bounded
     assert [sk.where for sk in plan.sinks] == ["native"]
     if not bounded:
-        assert "spark.readStream" in plan.render(Lowering(plan, 4, timers=False).stage)
+        assert "spark.readStream" in plan.render(Lowering(plan, 4, timers=False, layout="bucket").stage)
 
 
 def test_bad_byo_source_and_sink_arguments():

@@ -133,13 +133,19 @@ def test_a_checkpoint_from_before_layouts_keeps_the_bucket_layout(tmp_path):
     newer = str(tmp_path / "newer")
     check_meta(newer, "f", 64, ["f.count"])
     assert check_layout(newer, "chunk", LAYOUTS) == "chunk"
+    # A new checkpoint run without a layout gets the default, recorded.
+    default = str(tmp_path / "default")
+    check_meta(default, "f", 64, ["f.count"])
+    assert check_layout(default, None, LAYOUTS) == "chunk"
+    with open(os.path.join(default, "flowspark.json")) as f:
+        assert json.load(f)["state_layout"] == "chunk"
 
 
 def test_bad_state_layout_is_refused(tmp_path):
     from flowspark.spark import run
 
     with pytest.raises(
-        FlowsparkTypeError, match=r"state_layout must be one of 'bucket', 'key', 'chunk'; received 'keys'"
+        FlowsparkTypeError, match=r"state_layout must be one of 'chunk', 'bucket', 'key'; received 'keys'"
     ):
         run(_count_flow(str(tmp_path), []), checkpoint=str(tmp_path / "c"), state_layout="keys")
 

@@ -283,7 +283,9 @@ def test_plan_spark_compile_error_one_line(tmp_path):
 def test_plan_spark_streaming_shows_buckets_and_state_layout(tmp_path):
     pytest.importorskip("pyspark")
     (tmp_path / "tickflow.py").write_text(UNBOUNDED)
-    res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--buckets", "8")
+    res = _cli(
+        tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--buckets", "8", "--state-layout", "bucket"
+    )
     assert res.returncode == 0, res.stderr
     out = res.stdout
     assert "runs as a Structured Streaming query" in out
@@ -296,7 +298,7 @@ def test_plan_spark_streaming_shows_buckets_and_state_layout(tmp_path):
     assert "transformWithStateInPandas(timeMode=None (ProcessingTime with a state_ttl); " in res.stdout
     assert "providerClass to RocksDBStateStoreProvider" in res.stdout  # the run changes the session: said
     assert "a MapState row per other key is read only when the key is touched" in res.stdout
-    res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--state-layout", "chunk")
+    res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical")  # a new checkpoint's default
     assert res.returncode == 0, res.stderr
     assert "transformWithStateInPandas(timeMode=None (ProcessingTime with a state_ttl); " in res.stdout
     assert "the other keys sit in MapState chunks (crc32(key) % chunks, the count doubling past 512" in res.stdout

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import enum
 import itertools
+import pickle
 from datetime import datetime, timedelta, timezone
 from typing import NamedTuple
 
@@ -902,3 +903,37 @@ def test_a_one_step_bucket_call_writing_a_sink_drives_values_without_sequences()
             ("waits", ("notify", past)),
         ]
     )
+
+
+def test_the_state_processors_unpickle_where_flowspark_cannot_be_imported(tmp_path):
+    """Spark runs a processor's `init` in a driver-side process without flowspark's shipped zip.
+
+    That process unpickles the processor (cloudpickle, as pyspark sends it): the processors of
+    the bucket (chained), key and chunk layouts must name nothing of flowspark until their
+    first call, which runs on the workers (measured: `No module named 'flowspark'` from the
+    chunk layout on workers flowspark shipped itself to, tests/spark/test_worker_environment.py).
+    """
+    import subprocess
+    import sys
+
+    import cloudpickle
+
+    pytest.importorskip("pyspark")
+    spec = StageSpec(1, "rows", "s", chain=_map_steps(), depth_in=len(source_seq(0, 0, 0)), modes=BARE)
+    driver = BucketDriver(spec, timers=False)
+    for name, proc in [
+        ("bucket", driver.processor()),
+        ("key", driver.key_processor()),
+        ("chunk", driver.chunk_processor(timed=False)),
+    ]:
+        path = tmp_path / f"{name}.pickle"
+        path.write_bytes(cloudpickle.dumps(proc))
+        code = (
+            "import sys, pickle; sys.modules['flowspark'] = None\n"  # `import flowspark` now fails
+            f"p = pickle.loads(open({str(path)!r}, 'rb').read()); print(type(p).__name__)"
+        )
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+        assert res.returncode == 0, f"{name}: {res.stderr[-600:]}"
+        # The first call loads the rest: here, where flowspark is importable, it does.
+        loaded = pickle.loads(path.read_bytes())  # noqa: S301 - the test's own pickle
+        assert hasattr(loaded, "handleInputRows")

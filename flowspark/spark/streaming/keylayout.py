@@ -199,10 +199,13 @@ def tiered_processor(
     import cloudpickle
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-    # The driver travels as bytes, loaded at a processor's first call: Spark first runs the
-    # processor's `init` alone in a new Python process on the driver, once per query, to learn
-    # the state variables; that process then imports neither the stage's modules nor the user's.
-    blob = cloudpickle.dumps(driver, protocol=5)
+    # The driver and the table travel as bytes, loaded at a processor's first call: Spark first
+    # runs the processor's `init` alone in a new Python process on the driver, once per query, to
+    # learn the state variables. That process imports neither the stage's modules nor the user's,
+    # nor flowspark itself: it runs without the package flowspark shipped to the workers
+    # (`session.ensure_workers`: Spark gives it no shipped files), so what `init` unpickles
+    # (this class, by value) names nothing of flowspark.
+    blob = cloudpickle.dumps((driver, table), protocol=5)
     # Spark stores a TTL with each MapState row when one is configured, so a checkpoint cannot
     # switch between with and without: a timed query without state_ttl gives its rows 100 years.
     ttl_ms = max(1, int((ttl or _NO_TTL) / timedelta(milliseconds=1))) if timed else None
@@ -213,18 +216,20 @@ def tiered_processor(
             self.entries = handle.getMapState(*map_state, ttlDurationMs=ttl_ms)
             self.meta = handle.getValueState(*META)
             self.driver: Any = None
+            self.table: Any = None
 
         def _run(self, key: Any, pdfs: Iterator[Any], timer_values: Any, fired: Optional[int]) -> Iterator[Any]:
             driver = self.driver
             if driver is None:
-                driver = self.driver = pickle.loads(blob)  # noqa: S301 - our own driver, pickled above
+                driver, self.table = pickle.loads(blob)  # noqa: S301 - our own driver, pickled above
+                self.driver = driver
             now = driver.now(timer_values.getCurrentProcessingTimeInMs)
             if driver.route is not None and key[0] == driver.forward_group:
                 out = driver.call({}, pdfs, now, key[0])
                 if out is not None:
                     yield out
                 return
-            tab = table(self.entries, self.meta.get()[0] if self.meta.exists() else None)
+            tab = self.table(self.entries, self.meta.get()[0] if self.meta.exists() else None)
             if fired is not None and fired == tab.timer:
                 tab.timer, tab.changed = None, True  # Spark dropped the timer that fired
             out = driver.call(tab, pdfs, now, key[0])

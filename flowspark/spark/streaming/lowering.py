@@ -151,7 +151,7 @@ class Lowering:
     plan: Plan
     buckets: int
     timers: bool
-    layout: str = "bucket"
+    layout: str
     untimed: bool = False
 
     @property

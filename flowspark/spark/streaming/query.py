@@ -88,7 +88,7 @@ class StreamingRun:
         self.clock: Optional[Callable[[], datetime]] = options.get("clock")
         self.max_items: int = options["max_items"]
         self.timers: bool = options.get("timers", True)
-        self.layout: str = options.get("layout", "bucket")
+        self.layout: str = options["layout"]
         #: A key or chunk layout query in time mode "None" (`checkpoint.check_untimed`).
         self.untimed: bool = bool(options.get("untimed", False))
         self.state_ttl: Optional[timedelta] = options.get("state_ttl")

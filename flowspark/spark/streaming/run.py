@@ -59,12 +59,14 @@ def run_streaming(
             micro-batch every 500 ms at most; `"available_now"`: process what is
             there, fire due notifications, return; or an interval like `"5 seconds"`.
         buckets: Number of state buckets `B` (fixed for a checkpoint's lifetime).
-        state_layout: `"bucket"` (applyInPandasWithState, one state row per bucket: the
-            fastest while the state is small) or `"key"` (transformWithStateInPandas with
-            one state row per key: a micro-batch's cost follows the keys it touches, for
-            large state) or `"chunk"` (as `"key"`, the cold keys in rows of many keys each:
-            large state, filled nearly as fast as buckets). Fixed for a checkpoint's lifetime; default the checkpoint's
-            layout, `"bucket"` for a new one. See docs/streaming.md "State layouts".
+        state_layout: `"chunk"` (transformWithStateInPandas: a hot tier of recently
+            touched keys per bucket, the other keys in `MapState` rows of many keys each: a
+            micro-batch's cost follows the keys it touches, state filled at about half the
+            bucket layout's rate or better), `"bucket"` (applyInPandasWithState, one state
+            row per bucket: a micro-batch touching a bucket rewrites all its keys, fine while
+            the state is small) or `"key"` (as `"chunk"`, one `MapState` row per cold key:
+            slow to fill). Fixed for a checkpoint's lifetime; default the checkpoint's
+            layout, `"chunk"` for a new one. See docs/streaming.md "State layouts".
         state_ttl: Drop a stateful step's state for a key when the key got no value at
             that step for this long (processing time: the micro-batch's, or `clock`),
             checked at each micro-batch before its values: no `on_eof`, its

@@ -7,7 +7,8 @@ A key's state is its *entry* `(snapshots of the chain's logics, notify_at)`.
 fires the notifications due at the micro-batch's time, snapshots the logics back,
 and sets the bucket's timer to its earliest `notify_at`.
 
-Three state layouts (`LAYOUTS`, chosen per checkpoint):
+Three state layouts (`LAYOUTS`, chosen per checkpoint; a new checkpoint's default is `"chunk"`,
+a checkpoint from before layouts were recorded is `"bucket"`):
 
 - `"bucket"`: `applyInPandasWithState` (`transformWithStateInPandas` with one
   `ValueState` for chains); the bucket's state is one row, the pickled
@@ -75,8 +76,8 @@ STATE_SCHEMA = "blob binary"
 #: its index in the file (`_metadata`), both computed by Spark (`BucketDriver.file_order`).
 FILE_COLUMN = "__flowspark_file"
 ROW_COLUMN = "__flowspark_row"
-#: State layouts: see the module docstring.
-LAYOUTS = ("bucket", "key", "chunk")
+#: State layouts, the default first (a new checkpoint's): see the module docstring.
+LAYOUTS = ("chunk", "bucket", "key")
 #: The tables of the layouts with a hot tier and a bookkeeping row per bucket (`pending` keys).
 _TIERED = (KeyTable, ChunkTable)
 _key_seq = operator.itemgetter(0, 1)
@@ -707,25 +708,32 @@ class BucketDriver:
         Returns:
             The processor.
         """
+        import cloudpickle
         from pyspark.sql.streaming.stateful_processor import StatefulProcessor
 
-        driver = self
+        # As in `keylayout.tiered_processor`: Spark's driver-side process running `init` may
+        # lack flowspark, so the class names nothing of it; the rest comes at the first call.
+        blob = cloudpickle.dumps((self, _load, dump_state), protocol=5)
 
         class BucketProcessor(StatefulProcessor):
             def init(self, handle: Any) -> None:
                 self.handle = handle
                 self.state = handle.getValueState("blob", STATE_SCHEMA)
+                self.parts: Any = None
 
             def _run(self, key: Any, pdfs: Iterator[Any], timer_values: Any) -> Iterator[Any]:
+                if self.parts is None:
+                    self.parts = pickle.loads(blob)  # noqa: S301 - our own driver, pickled above
+                driver, load, dump = self.parts
                 now = driver.now(timer_values.getCurrentProcessingTimeInMs)
-                table = _load(self.state.get()[0] if self.state.exists() else None)
+                table = load(self.state.get()[0] if self.state.exists() else None)
                 out = driver.call(table, pdfs, now, key[0])
                 driver.report(key[0], table)
                 if driver.timers:
                     for t in list(self.handle.listTimers()):
                         self.handle.deleteTimer(t)
                 if table:
-                    self.state.update((dump_state(table),))
+                    self.state.update((dump(table),))
                     ms = driver.timeout_ms(table, now) if driver.timers else None
                     if ms is not None:
                         self.handle.registerTimer(int(now.timestamp() * 1000) + ms)
