@@ -18,7 +18,10 @@ by the end of the stream; the counts are checked equal on every window both clos
 the numbers of windows each closed are printed.
 
 Usage: python benchmarks/spark_streaming_windows.py [--events 1000000] [--users 10000]
-       [--batches 10] [--minutes 10] [--repeat 1]
+       [--batches 10] [--minutes 10] [--repeat 1] [--layouts default,bucket]
+
+`--layouts` runs flowspark once per state layout in each repeat (`default`: a new checkpoint's
+layout, the only one by default), each against the same native job.
 """
 
 from __future__ import annotations
@@ -91,13 +94,14 @@ def build_flow(src: str, out: str) -> Dataflow:
     return flow
 
 
-def run_flowspark(spark: Any, src: str, work: str) -> tuple[float, list[float]]:
+def run_flowspark(spark: Any, src: str, work: str, layout: str = "default") -> tuple[float, list[float]]:
     """Run the flowspark flow over every file; (seconds, each data micro-batch's seconds)."""
     from flowspark.spark import run
 
     flow = build_flow(src, f"{work}/out")
     t0 = time.perf_counter()
-    sr = run(flow, spark=spark, checkpoint=f"{work}/chk", trigger="available_now", progress=False)
+    chosen = None if layout == "default" else layout
+    sr = run(flow, spark=spark, checkpoint=f"{work}/chk", trigger="available_now", progress=False, state_layout=chosen)
     total = time.perf_counter() - t0
     assert sr is not None
     return total, _batch_seconds(sr.query.recentProgress)
@@ -156,7 +160,9 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=10)
     ap.add_argument("--minutes", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=1, help="runs of each job (alternating which goes first); best")
+    ap.add_argument("--layouts", default="default", help="flowspark's state layouts: default,bucket,key,chunk")
     args = ap.parse_args()
+    layouts = args.layouts.split(",")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), *sys.path])
     from flowspark.spark.session import get_session
@@ -169,33 +175,44 @@ def main() -> None:
         write_events(src, n, args.users, b, args.minutes)
         # Warm-up: both jobs once on 2% of the events, in 2 micro-batches.
         write_events(f"{work}/warm_events", max(2, n // 50), args.users, 2, 2)
-        run_flowspark(spark, f"{work}/warm_events", f"{work}/warm_fs")
+        for layout in layouts:
+            run_flowspark(spark, f"{work}/warm_events", f"{work}/warm_fs_{layout}", layout)
         run_native(spark, f"{work}/warm_events", f"{work}/warm_native")
+        from flowspark.spark.streaming.state import LAYOUTS
+
         print(
             f"{n:,} events, {args.users:,} users, {args.minutes} minutes of event time, {b} parquet micro-batches, "
-            f"1-minute tumbling counts, wait 10 s, local[2]"
+            f"1-minute tumbling counts, wait 10 s, local[2]; the default layout (a new checkpoint's): {LAYOUTS[0]!r}"
         )
-        fs_runs: list[tuple[float, list[float]]] = []
+        fs_runs: dict[str, list[tuple[float, list[float]]]] = {layout: [] for layout in layouts}
         nat_runs: list[tuple[float, list[float]]] = []
         for r in range(args.repeat):
-            jobs = [("fs", fs_runs), ("native", nat_runs)]
-            for name, runs in jobs if r % 2 == 0 else jobs[::-1]:
+            jobs = [*layouts, "native"]
+            for name in jobs if r % 2 == 0 else jobs[::-1]:
                 out = f"{work}/{name}_{r}"
-                runs.append(run_flowspark(spark, src, out) if name == "fs" else run_native(spark, src, out))
-            windows = compare(spark, f"{work}/fs_{r}/out", f"{work}/native_{r}/out", n)
-            fs_s, nat_s = fs_runs[-1][0], nat_runs[-1][0]
-            print(
-                f"repeat {r + 1}: flowspark {fs_s:.1f} s, native {nat_s:.1f} s: {fs_s / nat_s:.2f}x; windows closed: "
-                f"flowspark {windows[0]:,}, native {windows[1]:,}, both {windows[2]:,} (equal counts on all)"
-            )
-        fs_s, fs_b = min(fs_runs)
-        nat_s, nat_b = min(nat_runs)
+                if name == "native":
+                    nat_runs.append(run_native(spark, src, out))
+                else:
+                    fs_runs[name].append(run_flowspark(spark, src, out, name))
+            nat_s = nat_runs[-1][0]
+            for layout in layouts:
+                windows = compare(spark, f"{work}/{layout}_{r}/out", f"{work}/native_{r}/out", n)
+                fs_s = fs_runs[layout][-1][0]
+                print(
+                    f"repeat {r + 1}: flowspark ({layout}) {fs_s:.1f} s, native {nat_s:.1f} s: {fs_s / nat_s:.2f}x; "
+                    f"windows closed: flowspark {windows[0]:,}, native {windows[1]:,}, both {windows[2]:,} "
+                    "(equal counts on all)"
+                )
         best = f"(best of {args.repeat})" if args.repeat > 1 else ""
-        print(f"flowspark count_window (EventClock, per user): {fs_s:6.1f} s  {n / fs_s:>10,.0f} events/s  {best}")
-        print(f"  micro-batches: {' '.join(f'{x:.2f}' for x in fs_b)} s")
+        nat_s, nat_b = min(nat_runs)
+        for layout in layouts:
+            fs_s, fs_b = min(fs_runs[layout])
+            print(f"flowspark count_window ({layout}): {fs_s:6.1f} s  {n / fs_s:>10,.0f} events/s  {best}")
+            print(f"  micro-batches: {' '.join(f'{x:.2f}' for x in fs_b)} s")
         print(f"Spark withWatermark + groupBy(user, window):   {nat_s:6.1f} s  {n / nat_s:>10,.0f} events/s  {best}")
         print(f"  micro-batches: {' '.join(f'{x:.2f}' for x in nat_b)} s")
-        print(f"flowspark / native: {fs_s / nat_s:.2f}x  (target <= 2x)")
+        for layout in layouts:
+            print(f"flowspark ({layout}) / native: {min(fs_runs[layout])[0] / nat_s:.2f}x  (target <= 2x)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
