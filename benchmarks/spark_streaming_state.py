@@ -128,7 +128,7 @@ def run_layout(
         checkpoint=f"{work}/chk",
         trigger="available_now",
         progress=False,
-        state_layout=layout,
+        state_layout=None if layout == "default" else layout,
         state_ttl=ttl,
     )
     assert sr is not None
@@ -225,7 +225,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="10000,1000000,4000000")
     ap.add_argument("--hot", type=int, default=5)
-    ap.add_argument("--layouts", default="bucket,key,chunk")
+    ap.add_argument("--layouts", default="bucket,key,chunk", help="default: a new checkpoint's layout")
     ap.add_argument("--timers", default="", help="N1,N2: keys each holding a pending notify_at")
     ap.add_argument("--ttl", type=int, default=0, help="keys filled in the TTL case (0: skip it)")
     ap.add_argument("--ttl-seconds", type=float, default=20.0)
