@@ -37,7 +37,9 @@ from flowspark.spark.columns import ID_COLUMN
 from flowspark.spark.plan import Aggregate, ColumnKey, Decision, Plan, StageSpec
 from flowspark.spark.rulebook import Rule, Work
 from flowspark.spark.rules_sinks import (
+    apply_concurrent,
     check_aggregate_sample,
+    check_concurrent,
     check_fusion,
     check_native_rows,
     check_sampling,
@@ -563,6 +565,17 @@ RULES: tuple[Rule, ...] = (
         sink_mode("native_rows"),
     ),
     Rule(
+        "concurrent_sinks",
+        "query",
+        _BATCH,
+        False,
+        "a batch job's SparkSinks (two or more, distinct directories, no dead letter) are written as concurrent "
+        "Spark jobs from driver threads, when no stage two writes read would run twice (every stage they share "
+        "is persisted and materialized first)",
+        check_concurrent,
+        apply_concurrent,
+    ),
+    Rule(
         "mapper_line",
         "stage",
         _BOTH,
@@ -662,7 +675,7 @@ def optimize(plan: Plan, env: Env) -> Plan:
             if why is None:
                 rule.apply(w, subject)
                 w.done.add((rule.name, where))
-            decisions.append(Decision(rule.name, where, why is None, why or ""))
+            decisions.append(Decision(rule.name, where, why is None, why or w.notes.get((rule.name, where), "")))
     stages = tuple(dataclasses.replace(st, spec=_physical(w.specs[st.spec.stage_id])) for st in plan.stages)
     sinks = tuple(w.sinks[sk.step_id] for sk in plan.sinks)
     return dataclasses.replace(plan, stages=stages, sinks=sinks, decisions=tuple(decisions), target=env.target)
