@@ -230,8 +230,6 @@ def check_concurrent(w: Work, _subject: Any) -> Optional[str]:
         return f"the job writes {len(sinks)} SparkSink{'' if len(sinks) == 1 else 's'}, not two or more"
     if w.plan.dead_letter is not None:
         return "the run has a dead letter (it collects the sinks' misfits after the writes)"
-    if w.env.connect:
-        return "a Spark Connect session: concurrent jobs through one Connect session are not verified here"
     tables = [sk.step_id for sk in sinks if sk.sink.format == "table"]
     if tables:
         return f"sink {tables[0]} writes a table (concurrent catalog updates are not verified here)"
