@@ -44,6 +44,7 @@ from flowspark.spark.optimize import Env, optimize
 from flowspark.spark.outputs import infer_schema, write_rows
 from flowspark.spark.plan import Plan, SinkPlan, StagePlan
 from flowspark.spark.rows import RowSchema, row_schema
+from flowspark.spark.rules_sinks import stage_reads
 from flowspark.spark.session import default_parallelism, is_connect, quiet_query_context
 from flowspark.spark.switches import rules_arg
 from flowspark.spark.worker import dict_rows, no_gc, stage_function
@@ -141,25 +142,6 @@ class _Job:
         return self.plan
 
     # -- building DataFrames ------------------------------------------------
-    def uses(self) -> dict[int, int]:
-        n: dict[int, int] = {}
-        for st in self.plan.stages:
-            for s, _p, _pad in () if st.spec.native else st.inputs:  # Spark aggregates the source's rows
-                n[s] = n.get(s, 0) + 1
-        driver_stages = {sk.port[0] for sk in self.plan.sinks if sk.where == "driver"}
-        driver_stages |= {ins.port[0] for ins in self.plan.inspects}
-        for s in driver_stages:
-            n[s] = n.get(s, 0) + 1
-        for s, _p in self.plan.dead_ports():
-            n[s] = n.get(s, 0) + 1  # the dead letter's read
-        for sk in self.plan.sinks:
-            if "sink_fusion" in sk.modes:
-                continue  # the sink's rows come from the stage's input (`write_native`), not its DataFrame
-            if sk.where != "driver":
-                infer = sk.where == "native" and sk.sink.schema is None and "schema_sampling" not in sk.modes
-                n[sk.port[0]] = n.get(sk.port[0], 0) + (2 if infer else 1)
-        return n
-
     def column_key_input(self, st: StagePlan, df: Any) -> Any:
 
         key = _key_col(st)
@@ -172,7 +154,7 @@ class _Job:
         a stage writing its sink's rows itself); `persist=False` builds every one, for the plan tools.
         """
         column_keys = self.keyed_by_spark
-        uses = self.uses()
+        uses = stage_reads(self.plan)  # a stage read twice is persisted and materialized
         for st in self.plan.stages:
             sid = st.spec.stage_id
             if "keyed_by_spark" in st.spec.modes:
@@ -280,11 +262,15 @@ class _Job:
 
     # -- sinks ----------------------------------------------------------------
     def run_sinks(self) -> None:
+        together = [sk for sk in self.plan.sinks if "concurrent_sinks" in sk.modes]
         for sk in self.plan.sinks:
             if sk.where == "dynamic":
                 self.write_dynamic(sk)
             elif sk.where == "fixed":
                 self.write_fixed(sk)
+            elif "concurrent_sinks" in sk.modes:
+                if sk is together[0]:
+                    self.write_together(together)
             elif sk.where == "native":
                 self.write_native(sk)
         self.collect_driver()
@@ -343,7 +329,35 @@ class _Job:
         fn = _fixed_writer(sk.step_id, sk.sink, keys)
         _action(lambda: df.mapInArrow(fn, "n long").collect())
 
+    def write_together(self, sinks: list[SinkPlan]) -> None:
+        """Write SparkSinks as concurrent Spark jobs, one driver thread each (the rule `concurrent_sinks`).
+
+        Their rows are built first, one sink after the other (a sink without a schema infers it
+        from a sample: driver-side jobs). Every write is waited for, also when one fails; then the
+        first failure in sink order is raised (each names its sink's step, as `write_rows` does).
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        writes = [(sk, rows) for sk in sinks if (rows := self.native_rows(sk)) is not None]
+        if len(writes) < 2:
+            for sk, rows in writes:
+                write_rows(sk.step_id, sk.sink, rows)
+            return
+        with ThreadPoolExecutor(max_workers=len(writes), thread_name_prefix="flowspark-sink") as pool:
+            futures = [pool.submit(write_rows, sk.step_id, sk.sink, rows) for sk, rows in writes]
+        # Leaving the `with` waited for every write.
+        for f in futures:
+            err = f.exception()
+            if err is not None:
+                raise err
+
     def write_native(self, sk: SinkPlan) -> None:
+        rows = self.native_rows(sk)
+        if rows is not None:
+            write_rows(sk.step_id, sk.sink, rows)
+
+    def native_rows(self, sk: SinkPlan) -> Any:
+        """The DataFrame of a Spark-written sink's rows (`None`: nothing to write), its schema inferred if need be."""
         schema = sk.sink.schema
         dead_letter = self.plan.dead_letter is not None
         fused = "sink_fusion" in sk.modes
@@ -351,12 +365,12 @@ class _Job:
         if schema is None and fused:
             sample = self.sample(sk, 100)
             if not sample:
-                return
+                return None
             schema = infer_schema(self.spark, sk.step_id, sample)
         elif schema is None:
             assert df is not None
             # Inferred from the first 100 items of the stage's output, which is persisted
-            # and materialized first (`uses`): stopping a Python stage after 100 items
+            # and materialized first (`stage_reads`): stopping a Python stage after 100 items
             # would leave a broken-pipe trace from its worker on the console.
             sample = [loads(r.v) for r in _action(lambda: df.select("v").limit(100).collect())]
             if dead_letter:
@@ -364,7 +378,7 @@ class _Job:
             if not sample:
                 if dead_letter:
                     self.misfits.append(df.mapInArrow(_misfits(sk.step_id, None), "seq binary, v binary"))
-                return
+                return None
             schema = infer_schema(self.spark, sk.step_id, sample)
         rows_schema = row_schema(self.spark, sk.step_id, schema)
         stage = sk.port[0]
@@ -385,7 +399,7 @@ class _Job:
             rows = df.mapInArrow(_to_rows(sk.step_id, rows_schema, dead_letter), rows_schema.struct)
             if dead_letter:
                 self.misfits.append(df.mapInArrow(_misfits(sk.step_id, rows_schema), "seq binary, v binary"))
-        write_rows(sk.step_id, sk.sink, rows)
+        return rows
 
     def sample(self, sk: SinkPlan, n: int) -> list[Any]:
         """The first `n` items of a sink's port, in partition order, from a job that stops early.

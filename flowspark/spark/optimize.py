@@ -34,8 +34,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from flowspark.spark.columns import ID_COLUMN
-from flowspark.spark.plan import Aggregate, ColumnKey, Decision, Plan, SinkPlan, StageSpec
+from flowspark.spark.plan import Aggregate, ColumnKey, Decision, Plan, StageSpec
 from flowspark.spark.rulebook import Rule, Work
+from flowspark.spark.rules_sinks import (
+    apply_concurrent,
+    check_aggregate_sample,
+    check_concurrent,
+    check_fusion,
+    check_native_rows,
+    check_sampling,
+    sink_mode,
+)
 
 _Work = Work
 
@@ -271,34 +280,6 @@ def _check_long_sums(w: _Work, sid: int) -> Optional[str]:
     return None
 
 
-def _aggregate_sink(w: _Work, step: str, rule: str) -> Optional[str]:
-    """Why sink `step` is not one the rule `rule` applied to, fed by a Spark aggregate; `None` when it is."""
-    if not w.applied(rule, f"sink {step}"):
-        return f"{rule} did not apply"
-    sid = w.sinks[step].port[0]
-    if not w.applied("native_reduction", f"stage {sid}"):
-        return f"stage {sid} is not a Spark aggregate (native_reduction)"
-    return None
-
-
-def _check_aggregate_sample(w: _Work, step: str) -> Optional[str]:
-    return _aggregate_sink(w, step, "schema_sampling")
-
-
-def _check_native_rows(w: _Work, step: str) -> Optional[str]:
-    why = _aggregate_sink(w, step, "sink_fusion")
-    if why is not None:
-        return why
-    spec = w.spec(w.sinks[step].port[0])
-    maps = [o for o in spec.ops if o.kind != "pass"]
-    if spec.one_to_one_mappers() is None or len(maps) != 1 or maps[0].pair_row is None:
-        return (
-            "the stage's steps after the reduction are not one map proven to make {name: key, name: value} "
-            "(lambda kv: {'user': kv[0], 'n': kv[1]})"
-        )
-    return None
-
-
 def _check_spark_keys(w: _Work, sid: int) -> Optional[str]:
     if w.applied("native_reduction", f"stage {sid}"):
         return "Spark aggregates the stage (native_reduction)"
@@ -356,70 +337,6 @@ def _apply_value_column(w: _Work, sid: int) -> None:
     ck = w.spec(sid).column_key
     assert ck is not None
     w.set(sid, column_key=dataclasses.replace(ck, value_from=ck.value_candidate))
-
-
-def _cheap_to_rerun(w: _Work, sid: int) -> Optional[str]:
-    st = w.stage(sid)
-    if st.kind == "source":
-        if w.spec(sid).source in ("native", "chunks"):
-            return None
-        return "its stage reads a Python source, whose partitions would be opened twice"
-    if st.kind == "keyed" and any(w.applied(r, f"stage {sid}") for r in ("spark_keys", "native_reduction")):
-        return None
-    return "its stage is fed by another Python stage, which would run twice"
-
-
-def _sole_spark_sink(w: _Work, sk: SinkPlan) -> Optional[str]:
-    """Why `sk` is not a sink Spark writes that alone reads its stage's only port, or `None`."""
-    if sk.where != "native" or not hasattr(sk.sink, "schema"):
-        return _NOT_NATIVE
-    if w.plan.dead_letter is not None:
-        return "the run has a dead letter"
-    if w.sink_of(sk.port[0]) is not sk:
-        return f"stage {sk.port[0]} has other outputs"
-    return None
-
-
-def _check_sampling(w: _Work, step: str) -> Optional[str]:
-    sk = w.sinks[step]
-    why = _sole_spark_sink(w, sk)
-    if why is not None:
-        return why
-    if sk.sink.schema is not None:
-        return "the sink has a schema"
-    return _cheap_to_rerun(w, sk.port[0])
-
-
-def _check_fusion(w: _Work, step: str) -> Optional[str]:
-    sk = w.sinks[step]
-    sid = sk.port[0]
-    why = _sole_spark_sink(w, sk)
-    if why is not None:
-        return why
-    if w.env.target == "batch":
-        if sk.sink.schema is None and not w.applied("schema_sampling", f"sink {step}"):
-            return "the schema comes from the stage's persisted output"
-        return None
-    if w.env.writer_sink != step:
-        return "Spark's streaming writer does not take it (not the query's lone SparkSink with a schema)"
-    if w.stage(sid).kind != "keyed":
-        return f"stage {sid} is not keyed"
-    if w.env.routed:
-        return "the query is routed"
-    if not w.env.session:
-        return "the schema's columns are checked with a session; this plan was made without one"
-    if step not in w.env.atomic_sinks:
-        return "the schema has non-atomic columns"
-    return None
-
-
-def _sink_mode(name: str) -> Callable[[_Work, str], None]:
-    def apply(w: _Work, step: str) -> None:
-        sk = w.sinks[step]
-        w.sinks[step] = dataclasses.replace(sk, modes=sk.modes | {name})
-        w.add_mode(sk.port[0], name)
-
-    return apply
 
 
 def _check_line(w: _Work, sid: int) -> Optional[str]:
@@ -501,7 +418,6 @@ def _noop(_w: _Work, _subject: Any) -> None:
     pass
 
 
-_NOT_NATIVE = "not written by Spark: neither a SparkSink nor a ForeachBatchSink"
 _TARGET_NAMES = {"batch": "batch jobs", "streaming": "streaming queries"}
 _BOTH = frozenset({"batch", "streaming"})
 _STREAM = frozenset({"streaming"})
@@ -614,8 +530,8 @@ RULES: tuple[Rule, ...] = (
         False,
         "a SparkSink without a schema gets it from a sampling job that stops after 100 items, "
         "so its stage can write the rows in one pass",
-        _check_sampling,
-        _sink_mode("schema_sampling"),
+        check_sampling,
+        sink_mode("schema_sampling"),
     ),
     Rule(
         "aggregate_sample",
@@ -625,8 +541,8 @@ RULES: tuple[Rule, ...] = (
         "a SparkSink without a schema fed by a stage Spark aggregates infers it from the first aggregated rows, "
         "kept by the job that checks the aggregate for nulls, the stage's steps run over them at the driver "
         "(no sampling job)",
-        _check_aggregate_sample,
-        _sink_mode("aggregate_sample"),
+        check_aggregate_sample,
+        sink_mode("aggregate_sample"),
     ),
     Rule(
         "sink_fusion",
@@ -634,8 +550,8 @@ RULES: tuple[Rule, ...] = (
         _BOTH,
         False,
         "the stage feeding a SparkSink emits the sink's typed rows itself (no pass converting pickled items)",
-        _check_fusion,
-        _sink_mode("sink_fusion"),
+        check_fusion,
+        sink_mode("sink_fusion"),
     ),
     Rule(
         "native_rows",
@@ -645,8 +561,19 @@ RULES: tuple[Rule, ...] = (
         "a SparkSink whose stage Spark aggregates and then maps each (key, result) to a dict of two names, "
         "proven, gets the aggregate's columns renamed (a select, no Python pass) when their Spark types are "
         "the sink's column types",
-        _check_native_rows,
-        _sink_mode("native_rows"),
+        check_native_rows,
+        sink_mode("native_rows"),
+    ),
+    Rule(
+        "concurrent_sinks",
+        "query",
+        _BATCH,
+        False,
+        "a batch job's SparkSinks (two or more, distinct directories, no dead letter) are written as concurrent "
+        "Spark jobs from driver threads, when no stage two writes read would run twice (every stage they share "
+        "is persisted and materialized first)",
+        check_concurrent,
+        apply_concurrent,
     ),
     Rule(
         "mapper_line",
@@ -748,7 +675,7 @@ def optimize(plan: Plan, env: Env) -> Plan:
             if why is None:
                 rule.apply(w, subject)
                 w.done.add((rule.name, where))
-            decisions.append(Decision(rule.name, where, why is None, why or ""))
+            decisions.append(Decision(rule.name, where, why is None, why or w.notes.get((rule.name, where), "")))
     stages = tuple(dataclasses.replace(st, spec=_physical(w.specs[st.spec.stage_id])) for st in plan.stages)
     sinks = tuple(w.sinks[sk.step_id] for sk in plan.sinks)
     return dataclasses.replace(plan, stages=stages, sinks=sinks, decisions=tuple(decisions), target=env.target)

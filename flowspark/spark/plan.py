@@ -238,7 +238,7 @@ class Decision:
         rule: The rule's name.
         where: `stage N`, `sink STEP_ID` or `query`.
         applied: Whether it applied.
-        reason: Why not (empty when applied).
+        reason: Why not; when applied, which case held (empty for most rules).
     """
 
     rule: str
@@ -247,8 +247,10 @@ class Decision:
     reason: str = ""
 
     def __str__(self) -> str:
-        """`rule NAME: applied` or `rule NAME: not applied (REASON)`."""
-        return f"rule {self.rule}: applied" if self.applied else f"rule {self.rule}: not applied ({self.reason})"
+        """`rule NAME: applied`, `rule NAME: applied (CASE)` or `rule NAME: not applied (REASON)`."""
+        if self.applied:
+            return f"rule {self.rule}: applied" + (f" ({self.reason})" if self.reason else "")
+        return f"rule {self.rule}: not applied ({self.reason})"
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ class Work:
         self.specs = {st.spec.stage_id: st.spec for st in plan.stages}
         self.sinks = {sk.step_id: sk for sk in plan.sinks}
         self.done: set[tuple[str, str]] = set()  # (rule, where) that applied
+        #: What an applied rule says of the case that held (`(rule, where) -> text`), shown in the plan.
+        self.notes: dict[tuple[str, str], str] = {}
 
     def stage(self, sid: int) -> StagePlan:
         """Stage `sid` of the plan."""
@@ -44,6 +46,16 @@ class Work:
     def applied(self, rule: str, where: str) -> bool:
         """Whether `rule` applied to `where` (`stage N`, a sink's step id, `query`)."""
         return (rule, where) in self.done
+
+    def note(self, rule: str, where: str, text: str) -> None:
+        """Record which case held when `rule` applied to `where` (shown as `applied (text)`)."""
+        self.notes[(rule, where)] = text
+
+    def current(self) -> Plan:
+        """The plan with the stage specs and sinks as the rules decided so far."""
+        stages = tuple(dataclasses.replace(st, spec=self.specs[st.spec.stage_id]) for st in self.plan.stages)
+        sinks = tuple(self.sinks[sk.step_id] for sk in self.plan.sinks)
+        return dataclasses.replace(self.plan, stages=stages, sinks=sinks)
 
     def sink_of(self, sid: int) -> Optional[SinkPlan]:
         """The sink that is the only reader of stage `sid`'s only port, if any."""

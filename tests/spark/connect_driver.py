@@ -213,7 +213,38 @@ def no_flowspark(url: str, d: str) -> dict:
     }
 
 
-SCENARIOS = {f.__name__: f for f in (stream, sink_down, stream_user_error, parquet_sink, complete, no_flowspark)}
+def two_sinks(url: str, d: str) -> dict:
+    """A batch job writing two SparkSinks, at once (the rule `concurrent_sinks`) through Connect.
+
+    The sinks have a schema: inferring one fails through Connect (`infer_schema` calls a classic
+    session's `_inferSchemaFromList`), a limit of its own.
+    """
+    import operator
+
+    from flowspark.spark import SparkSink, SparkSource, compile_flow, run
+    from flowspark.spark.tools import physical_plans
+
+    spark = _session(url)
+    src = os.path.join(d, "in")
+    spark.createDataFrame([(f"u{i % 3}", i) for i in range(30)], "user STRING, v LONG").write.parquet(src)
+    flow = Dataflow("connect_two")
+    inp = op.input("inp", flow, SparkSource("parquet", src))
+    counts = op.count_final("count", inp, lambda r: r["user"])
+    totals = op.reduce_final(
+        "total", op.map_value("v", op.key_on("key", inp, lambda r: r["user"]), lambda r: r["v"]), operator.add
+    )
+    for name, stream in (("counts", counts), ("totals", totals)):
+        rows = op.map(f"{name}_row", stream, lambda kv: {"user": kv[0], "n": kv[1]})
+        op.output(name, rows, SparkSink("parquet", os.path.join(d, name), schema="user STRING, n LONG"))
+    plan, _ = physical_plans(compile_flow(flow), spark)
+    run(flow, spark=spark)
+    out = {n: sorted(tuple(r) for r in spark.read.parquet(os.path.join(d, n)).collect()) for n in ("counts", "totals")}
+    return {"decision": str(plan.decision("concurrent_sinks", "query")), "rows": out}
+
+
+SCENARIOS = {
+    f.__name__: f for f in (stream, sink_down, stream_user_error, parquet_sink, complete, no_flowspark, two_sinks)
+}
 
 if __name__ == "__main__":
     name, url, d = sys.argv[1:4]

@@ -134,6 +134,15 @@ def test_a_stream_to_a_spark_sink_through_connect(server, tmp_path):
     ]
 
 
+def test_a_batch_jobs_two_spark_sinks_are_written_at_once_through_connect(server, tmp_path):
+    res = _scenario("two_sinks", server, tmp_path, quiet=True)
+    assert res["decision"].startswith("rule concurrent_sinks: applied (the writes share the Spark aggregate")
+    assert res["rows"] == {
+        "counts": [["u0", 10], ["u1", 10], ["u2", 10]],
+        "totals": [["u0", 135], ["u1", 145], ["u2", 155]],
+    }
+
+
 def test_available_now_through_connect_processes_every_file_there_at_its_start(server, tmp_path):
     res = _scenario("complete", server, tmp_path, quiet=True)
     assert res["streamed"] == res["expected"]

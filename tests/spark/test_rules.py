@@ -18,6 +18,7 @@ import contextlib
 import io
 import operator
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -26,7 +27,8 @@ from streaming_helpers import EndingListSource, ListSource
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
-from flowspark.errors import RecoveryError
+from flowspark.deadletter import DeadLetterDir
+from flowspark.errors import FlowsparkRuntimeError, RecoveryError
 from flowspark.spark import SparkSink, SparkSource, compile_flow, run
 from flowspark.spark.optimize import RULES
 from flowspark.spark.switches import rule_names
@@ -113,6 +115,18 @@ def _aggregated(src: Any, out: Any) -> Dataflow:
     return flow
 
 
+def _two_sinks(src: Any, out: Any) -> Dataflow:
+    """A count and a sum per user on two branches, each written to its own SparkSink (`concurrent_sinks`)."""
+    flow = Dataflow("two_sinks")
+    inp = op.input("inp", flow, src)
+    counts = op.count_final("count", inp, _user)
+    totals = op.reduce_final("total", op.map_value("v", op.key_on("key", inp, _user), _v), operator.add)
+    for name, stream in (("counts", counts), ("totals", totals)):
+        sink = TestingSink(out) if isinstance(out, list) else SparkSink("parquet", os.path.join(out, name))
+        op.output(name, op.map(f"{name}_row", stream, _total_row), sink)
+    return flow
+
+
 def _to_rows(flow: Dataflow, counts: Any, out: Any, schema: Optional[str] = OUT_SCHEMA) -> Dataflow:
     rows = op.map("row", counts, _row)
     op.output("out", rows, TestingSink(out) if isinstance(out, list) else SparkSink("parquet", out, schema=schema))
@@ -161,12 +175,15 @@ class Flow:
         source: `parquet`: a SparkSource of a parquet file; `list`: a TestingSource; `python stream`:
             an unbounded `ListSource`; `parquet stream`: a SparkSource of a stream of parquet files.
         spark_sink: Its output is a SparkSink writing parquet (else a TestingSink).
+        outputs: The directories its SparkSinks write, under the run's output directory (several:
+            each key's rows of all of them, compared in sorted order).
     """
 
     name: str
     build: Callable[[Any, Any], Dataflow]
     source: str
     spark_sink: bool
+    outputs: tuple[str, ...] = ("",)
 
     @property
     def streaming(self) -> bool:
@@ -180,6 +197,7 @@ FLOWS = {
         Flow("eof", _eof, "list", False),
         Flow("reduce", _reduce, "parquet", False),
         Flow("aggregated", _aggregated, "parquet", True),
+        Flow("two_sinks", _two_sinks, "parquet", True, ("counts", "totals")),
         Flow("rows", _rows, "list", True),
         Flow("columns", _rows, "parquet", True),
         Flow("sampled", _rows_sampled, "parquet", True),
@@ -200,6 +218,7 @@ CASES = [
     ("long_sums", "stage 1", "aggregated"),
     ("aggregate_sample", "sink aggregated.out", "aggregated"),
     ("native_rows", "sink aggregated.out", "aggregated"),
+    ("concurrent_sinks", "query", "two_sinks"),
     ("spark_keys", "stage 1", "columns"),
     ("spark_keys", "stage 1", "parquet_stream"),
     ("value_mappers", "stage 1", "columns"),
@@ -216,6 +235,13 @@ CASES = [
     ("file_order", "stage 1", "timed_parquet_stream"),
     ("lean_listener", "query", "python_stream"),
 ]
+
+
+#: What an applied rule says of the case that held, in its case's flow (`rule NAME: applied (...)`).
+NOTES = {
+    "concurrent_sinks": " (the writes share the Spark aggregate of stage 0 on 'user', persisted and materialized "
+    "by its check job)"
+}
 
 
 def _decisions(text: str) -> dict[tuple[str, str], str]:
@@ -285,7 +311,7 @@ class Runs:
                 else TestingSource(EVENTS)
             )
             run_main(flow.build(src, out))
-            return Outcome(_per_key(out) if flow.spark_sink else per_key(out), {})
+            return Outcome(_per_key(out, sort=len(flow.outputs) > 1) if flow.spark_sink else per_key(out), {})
         tag = f"{flow.name}_{rules.replace(',', '_')}"
         target: Any = str(self.tmp.mktemp(tag) / "out") if flow.spark_sink else []
         dataflow = flow.build(self.source(flow), target)
@@ -310,7 +336,9 @@ class Runs:
             planned, _ = physical_plans(compile_flow(again), self.spark, rules=rules)
             assert {(d.rule, d.where): str(d) for d in planned.decisions} == decisions
         if flow.spark_sink:
-            rows = [r.asDict() for r in self.spark.read.parquet(target).collect()]
+            rows = [
+                r.asDict() for o in flow.outputs for r in self.spark.read.parquet(os.path.join(target, o)).collect()
+            ]
             return Outcome(_per_key(rows, sort=True), decisions)
         return Outcome(per_key(target), decisions)
 
@@ -340,17 +368,17 @@ def _case(rule: str, where: str, flow: str) -> Any:
 @pytest.mark.parametrize(("rule", "where", "flow"), [_case(*c) for c in CASES])
 def test_rule_gives_the_reference_output(runs, rule, where, flow):
     with_all = runs.get(flow, "all")
-    assert with_all.decisions[(rule, where)] == f"rule {rule}: applied"
+    assert with_all.decisions[(rule, where)] == f"rule {rule}: applied" + NOTES.get(rule, "")
     without = runs.get(flow, f"-{rule}")
     assert without.decisions[(rule, where)] == f"rule {rule}: not applied (switched off: rules='-{rule}')"
     reference = runs.get(flow, "none")
-    assert not any(d.endswith(": applied") for d in reference.decisions.values())
+    assert not any(re.match(r"rule \S+: applied", d) for d in reference.decisions.values())
     in_memory = runs.get(flow, None)
     assert with_all.output == in_memory.output
     assert without.output == in_memory.output
     assert reference.output == in_memory.output
     assert sum(len(v) for v in in_memory.output.values()) == (
-        5 if flow in ("eof", "reduce", "aggregated") else len(EVENTS)
+        {"eof": 5, "reduce": 5, "aggregated": 5, "two_sinks": 10}.get(flow, len(EVENTS))
     )
 
 
@@ -406,3 +434,70 @@ def test_a_checkpoint_started_with_spark_keys_refuses_a_run_without_it(spark, tm
     assert sr.plan.decision("spark_keys", "stage 1").applied
     with pytest.raises(RecoveryError, match=r"started with the rule 'spark_keys'.*rules='-spark_keys'"):
         run(_rows(src, str(tmp_path / "out2")), rules="-spark_keys", **opts)
+
+
+def _planned(runs: Any, out_counts: str, out_totals: str, dead_letter: Any = None) -> Any:
+    """The physical plan of `_two_sinks`-like flow writing `out_counts` and `out_totals` (no job writes)."""
+    flow = Dataflow("two_dirs")
+    inp = op.input("inp", flow, SparkSource("parquet", runs.parquet))
+    op.output(
+        "counts",
+        op.map("counts_row", op.count_final("count", inp, _user), _total_row),
+        SparkSink("parquet", out_counts),
+    )
+    totals = op.reduce_final("total", op.map_value("v", op.key_on("key", inp, _user), _v), operator.add)
+    op.output("totals", op.map("totals_row", totals, _total_row), SparkSink("parquet", out_totals))
+    plan, _ = physical_plans(compile_flow(flow).with_dead_letter(dead_letter), runs.spark)
+    return plan.decision("concurrent_sinks", "query")
+
+
+def test_concurrent_sinks_are_not_written_to_one_directory_nor_with_a_dead_letter(runs, tmp_path):
+    same = _planned(runs, str(tmp_path / "out"), str(tmp_path / "out") + "/")
+    assert str(same) == (
+        f"rule concurrent_sinks: not applied (sinks two_dirs.counts and two_dirs.totals write to one directory "
+        f"({tmp_path}/out and {tmp_path}/out))"
+    )
+    inner = _planned(runs, str(tmp_path / "out"), f"file://{tmp_path}/out/totals")
+    assert not inner.applied
+    assert inner.reason.startswith("sinks two_dirs.counts and two_dirs.totals write to one directory")
+    dead = _planned(runs, str(tmp_path / "a"), str(tmp_path / "b"), DeadLetterDir(str(tmp_path / "dead")))
+    assert str(dead) == (
+        "rule concurrent_sinks: not applied "
+        "(the run has a dead letter (it collects the sinks' misfits after the writes))"
+    )
+    assert _planned(runs, str(tmp_path / "a"), str(tmp_path / "b")).applied
+
+
+@pytest.mark.parametrize("failure", ["directory exists", "row does not fit"])
+def test_a_failing_concurrent_write_names_its_sink_and_the_other_write_completes(runs, tmp_path, failure):
+    out = tmp_path / "out"
+    (out / "totals").mkdir(parents=True)
+    (out / "totals" / "kept.txt").write_text("not flowspark's")
+    flow = Dataflow("two_sinks")
+    inp = op.input("inp", flow, SparkSource("parquet", runs.parquet))
+    counts = op.map("counts_row", op.count_final("count", inp, _user), _total_row)
+    op.output("counts", counts, SparkSink("parquet", str(out / "counts")))
+    totals = op.reduce_final("total", op.map_value("v", op.key_on("key", inp, _user), _v), operator.add)
+    if failure == "directory exists":  # Spark refuses to start the write (mode="error")
+        sink = SparkSink("parquet", str(out / "totals"), mode="error")
+        message = "already exists"
+    else:  # a task of the write fails on a row (an int where the schema says string)
+        sink = SparkSink("parquet", str(out / "totals"), schema="user STRING, n STRING")
+        message = "does not fit the sink's schema"
+    op.output("totals", op.map("totals_row", totals, _total_row), sink)
+    text = io.StringIO()
+    with (
+        contextlib.redirect_stdout(text),
+        pytest.raises(FlowsparkRuntimeError, match=r"step 'two_sinks\.totals'") as ei,
+    ):
+        run(flow, spark=runs.spark, explain=True)
+    assert "rule concurrent_sinks: applied" in text.getvalue()
+    assert message in str(ei.value)
+    # The failed write left no rows (Spark's commit protocol: the job's files are removed when it aborts).
+    assert [f for f in os.listdir(out / "totals") if not f.startswith(".")] == (
+        ["kept.txt"] if failure == "directory exists" else []
+    )
+    # The other write was waited for and ran to its end.
+    counts_rows = {r["user"]: r["n"] for r in runs.spark.read.parquet(str(out / "counts")).collect()}
+    assert counts_rows == {f"u{i}": 9 for i in range(5)}
+    assert "_SUCCESS" in os.listdir(out / "counts")
