@@ -138,7 +138,7 @@ def test_a_batch_jobs_two_spark_sinks_are_written_at_once_through_connect(server
     res = _scenario("two_sinks", server, tmp_path, quiet=True)
     assert res["decision"].startswith("rule concurrent_sinks: applied (the writes share the Spark aggregate")
     assert res["rows"] == {
-        "counts": [["u0", 10], ["u1", 10], ["u2", 10]],
+        "counts": [[10, "u0"], [10, "u1"], [10, "u2"]],  # inferred: a dict's keys by name, as createDataFrame
         "totals": [["u0", 135], ["u1", 145], ["u2", 155]],
     }
 
