@@ -726,7 +726,8 @@ class BucketDriver:
                     self.parts = pickle.loads(blob)  # noqa: S301 - our own driver, pickled above
                 driver, load, dump = self.parts
                 now = driver.now(timer_values.getCurrentProcessingTimeInMs)
-                table = load(self.state.get()[0] if self.state.exists() else None)
+                row = self.state.get()  # `None` without a row: one state call, not two
+                table = load(None if row is None else row[0])
                 out = driver.call(table, pdfs, now, key[0])
                 driver.report(key[0], table)
                 if driver.timers:
