@@ -223,9 +223,14 @@ def _describe_shared(shared: list[tuple[Any, ...]]) -> str:
     return "the writes share " + "; ".join(what)
 
 
+def _spark_sinks(w: Work) -> list[SinkPlan]:
+    """The job's sinks Spark writes as a `SparkSink` (what `concurrent_sinks` writes at once)."""
+    return [sk for sk in w.sinks.values() if sk.where == "native" and isinstance(sk.sink, SparkSink)]
+
+
 def check_concurrent(w: Work, _subject: Any) -> Optional[str]:
     """`concurrent_sinks`: two or more SparkSinks of a batch job, written at once without sharing work."""
-    sinks = [sk for sk in w.sinks.values() if sk.where == "native" and isinstance(sk.sink, SparkSink)]
+    sinks = _spark_sinks(w)
     if len(sinks) < 2:
         return f"the job writes {len(sinks)} SparkSink{'' if len(sinks) == 1 else 's'}, not two or more"
     if w.plan.dead_letter is not None:
@@ -253,6 +258,5 @@ def check_concurrent(w: Work, _subject: Any) -> Optional[str]:
 
 def apply_concurrent(w: Work, _subject: Any) -> None:
     """`concurrent_sinks`: mode `concurrent_sinks` on each SparkSink (the lowering writes them at once)."""
-    for step, sk in w.sinks.items():
-        if sk.where == "native" and isinstance(sk.sink, SparkSink):
-            w.sinks[step] = dataclasses.replace(sk, modes=sk.modes | {"concurrent_sinks"})
+    for sk in _spark_sinks(w):
+        w.sinks[sk.step_id] = dataclasses.replace(sk, modes=sk.modes | {"concurrent_sinks"})

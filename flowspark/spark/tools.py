@@ -452,6 +452,7 @@ def streaming_physical_plans(
     from flowspark.spark.switches import rules_arg
 
     plan = compile_streaming(flow)
+    chosen = layout or LAYOUTS[0]
     # A new query's choices, recorded in a throwaway checkpoint (never the temp folder itself,
     # nor a checkpoint of the user's: building the DataFrames records and reads its flags).
     with tempfile.TemporaryDirectory(prefix="flowspark-plan-") as scratch:
@@ -464,8 +465,8 @@ def streaming_physical_plans(
             "max_items": 100_000,
             "timers": needs_timers(plan),
             "rules": rules_arg(rules, "flowspark plan"),
-            "layout": layout or LAYOUTS[0],
-            "untimed": untimed_choice(layout or LAYOUTS[0], needs_timers(plan), ttl=False),
+            "layout": chosen,
+            "untimed": untimed_choice(chosen, needs_timers(plan), ttl=False),
         }
         sr = StreamingRun(plan, spark, options)
         sr.build()
