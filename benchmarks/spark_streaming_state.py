@@ -122,14 +122,16 @@ def run_layout(
     keyed = op.key_on("key", s, _key)
     counts = op.stateful("wait", keyed, Waiting) if timers else op.stateful_map("count", keyed, _count)
     op.output("out", op.map("row", counts, _row), SparkSink("parquet", f"{work}/out", schema="k STRING, n LONG"))
+    name, _, buckets = layout.partition(":")
     sr = run(
         flow,
         spark=spark,
         checkpoint=f"{work}/chk",
         trigger="available_now",
         progress=False,
-        state_layout=None if layout == "default" else layout,
+        state_layout=None if name == "default" else name,
         state_ttl=ttl,
+        **({"buckets": int(buckets)} if buckets else {}),
     )
     assert sr is not None
     return sr

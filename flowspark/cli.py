@@ -107,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--buckets",
         type=positive_int,
         metavar="B",
-        help="streaming: state buckets (default 64; fixed for a checkpoint's lifetime)",
+        help="streaming: state buckets (fixed for a checkpoint's lifetime; default the checkpoint's, for a new one "
+        "8 per shuffle partition, at least 16, in the chunk and key layouts, 64 in the bucket layout)",
     )
     run.add_argument(
         "--state-layout",
@@ -172,7 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--master", default="local[1]", metavar="URL", help="Spark master for the physical plan")
     plan.add_argument(
-        "--buckets", type=positive_int, default=64, metavar="B", help="streaming flows: state buckets (default 64)"
+        "--buckets",
+        type=positive_int,
+        metavar="B",
+        help="streaming flows: state buckets (default a new checkpoint's: 8 per shuffle partition, at least 16, "
+        "in the chunk and key layouts, 64 in the bucket layout)",
     )
     plan.add_argument(
         "--state-layout",
@@ -327,6 +332,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         compile_streaming(plan)  # the checks of the streaming lowering
     physical: list[tuple[int, str]] = []
     partitions: Optional[int] = None
+    buckets = args.buckets
+    if buckets is None:  # a new checkpoint's, in the session `flowspark run` opens here
+        from flowspark.spark.session import DEFAULT_CONF
+        from flowspark.spark.streaming.lowering import default_buckets
+
+        buckets = default_buckets(args.state_layout, int(DEFAULT_CONF["spark.sql.shuffle.partitions"]))
     if args.no_physical:
         from flowspark.spark.streaming.lowering import offline_env
 
@@ -341,14 +352,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if plan.bounded:
             plan, physical = physical_plans(plan, spark, rules=args.rules)
         else:
-            plan, physical = streaming_physical_plans(
-                flow, spark, args.buckets, rules=args.rules, layout=args.state_layout
-            )
+            plan, physical = streaming_physical_plans(flow, spark, buckets, rules=args.rules, layout=args.state_layout)
     if not plan.bounded:
         timers = needs_timers(plan)
         # a new checkpoint's choice without state_ttl; the text says what a state_ttl changes
         untimed = untimed_choice(args.state_layout, timers, ttl=False)
-        streaming = Lowering(plan, args.buckets, timers, args.state_layout, untimed)
+        streaming = Lowering(plan, buckets, timers, args.state_layout, untimed)
     describe = describe_stage if streaming is None else streaming.stage
     layout = _state_layout(plan, streaming, partitions)
     if args.format == "json":

@@ -10,7 +10,7 @@ from flowspark.spark.compiler import as_graph, compile_flow
 from flowspark.spark.plan import Plan
 from flowspark.spark.streaming.checkpoint import check_recorded
 from flowspark.spark.streaming.ckfs import is_local
-from flowspark.spark.streaming.lowering import DEFAULT_BUCKETS, compile_streaming, needs_timers
+from flowspark.spark.streaming.lowering import compile_streaming, needs_timers
 from flowspark.spark.streaming.query import StreamingRun
 from flowspark.spark.streaming.run import run_streaming
 from flowspark.spark.streaming.state import LAYOUTS
@@ -76,7 +76,7 @@ def check_streaming(
     Args:
         flow: The `Dataflow`.
         checkpoint: The checkpoint directory.
-        buckets: The bucket count asked for (`None`: the default).
+        buckets: The bucket count asked for (`None`: the checkpoint's, or a new one's default).
         state_layout: The state layout asked for (`None`: the checkpoint's).
         state_ttl: Whether the run has a `state_ttl`.
 
@@ -91,8 +91,7 @@ def check_streaming(
     plan = compile_streaming(flow)
     if is_local(checkpoint):
         steps = [ks.step_id for ks in plan.keyed_steps()]
-        n = DEFAULT_BUCKETS if buckets is None else buckets
-        check_recorded(checkpoint, plan.flow_id, n, steps, needs_timers(plan), state_layout, LAYOUTS, state_ttl)
+        check_recorded(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan), state_layout, LAYOUTS, state_ttl)
     return plan
 
 

@@ -103,3 +103,53 @@ def test_a_chunk_spark_dropped_by_ttl_leaves_the_count():
     assert table.get("k4") == _entry(4)  # the hot tier is the bookkeeping row's
     table.flush()
     assert table.keys == 1
+
+
+def test_cold_keys_waiting_for_a_notification_stay_in_their_chunks():
+    """The bookkeeping row holds per chunk an earliest time and a count, not every waiting key."""
+    ms = FakeMapState()
+    table = ChunkTable(ms, None, hot_cap=2, chunk_keys=50)
+    for i in range(200):
+        table[f"k{i}"] = _entry(i, T0 + timedelta(seconds=i))
+    table.flush()
+    meta = pickle.loads(table.meta())
+    assert set(meta["pending"]) == set(table.hot)
+    assert len(meta["pending"]) == 2
+    assert sum(n for _first, n in meta["cpend"].values()) == 198
+    assert table.pending_count() == 200
+    # Nothing due: no chunk is read; one key due: only the chunk holding it.
+    table = ChunkTable(ms, table.meta(), hot_cap=2, chunk_keys=50)
+    before = ms.calls
+    assert table.due(T0 - timedelta(seconds=1)) == []
+    assert ms.calls == before
+    assert table.due(T0) == [(T0, "k0")]
+    assert ms.calls == before + 1
+    assert table.earliest() == T0
+    # The key fires and waits no longer: it leaves its chunk's count.
+    table["k0"] = _entry(0)
+    table.flush()
+    assert table.pending_count() == 199
+    assert table.earliest() == T0 + timedelta(seconds=1)
+
+
+def test_a_bookkeeping_row_from_before_the_chunk_counts_is_split_on_load():
+    ms = FakeMapState()
+    table = ChunkTable(ms, None, hot_cap=2, chunk_keys=50)
+    ref = {f"k{i}": _entry(i, T0 + timedelta(seconds=i) if i % 3 else None) for i in range(40)}
+    for key, ent in ref.items():
+        table[key] = ent
+    table.flush()
+    old = pickle.loads(table.meta())
+    # what the earlier code stored: every waiting key's time in "pending", no "cpend"
+    old["pending"] = {
+        k: (e[1] - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+        for k, e in ref.items()
+        if e[1] is not None
+    }
+    del old["cpend"]
+    table = ChunkTable(ms, pickle.dumps(old), hot_cap=2, chunk_keys=50)
+    assert table.changed
+    assert table.pending_at() == {k: e[1] for k, e in ref.items() if e[1] is not None}
+    now = T0 + timedelta(seconds=20)
+    assert table.due(now) == sorted((e[1], k) for k, e in ref.items() if e[1] is not None and e[1] <= now)
+    assert set(table.pending) <= set(table.hot)

@@ -130,8 +130,18 @@ def test_another_bucket_count_is_refused_before_spark(cwd, capsys):
     ck = _checkpoint(cwd / "ck", buckets=8)
     line = _refused(capsys, ["run", "flows.py:counts()", "--checkpoint", ck, "--buckets", "16"])
     assert "was written with buckets=8; received buckets=16" in line
-    line = _refused(capsys, ["run", "flows.py:counts()", "--checkpoint", ck])  # the default, 64
-    assert "received buckets=64" in line
+
+
+def test_without_buckets_a_run_takes_the_checkpoints(cwd, capsys):
+    from flowspark.spark.streaming.checkpoint import recorded_buckets
+
+    ck = _checkpoint(cwd / "ck", buckets=8)
+    assert recorded_buckets(ck) == 8
+    assert recorded_buckets(str(cwd / "new")) is None
+    with pytest.raises(SessionStarted):  # no --buckets: the recorded 8 is the run's, nothing refused
+        main(["run", "flows.py:counts()", "--checkpoint", ck])
+    line = _refused(capsys, ["run", "flows.py:counts()", "--checkpoint", ck, "--buckets", "64"])
+    assert "was written with buckets=8; received buckets=64" in line
 
 
 def test_a_checkpoint_of_another_flow_is_refused_before_spark(cwd, capsys):

@@ -17,7 +17,7 @@ import pytest
 
 from flowspark._args import parse_trigger
 from flowspark.cli import main, to_text
-from flowspark.spark.session import check_master
+from flowspark.spark.session import DEFAULT_CONF, check_master
 
 FLOW = textwrap.dedent(
     """
@@ -305,7 +305,21 @@ def test_plan_spark_streaming_shows_buckets_and_state_layout(tmp_path):
     res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--format", "json")
     doc = json.loads(res.stdout)["spark"]
     assert doc["mode"] == "streaming"
-    assert doc["keyed_state"][0]["buckets"] == 64
+    # a new chunk-layout checkpoint: 8 buckets per shuffle partition of the session `flowspark run` opens, >= 16
+    partitions = int(DEFAULT_CONF["spark.sql.shuffle.partitions"])
+    assert doc["keyed_state"][0]["buckets"] == max(16, 8 * partitions)
+    res = _cli(
+        tmp_path,
+        "plan",
+        "tickflow.py:keyed",
+        "--spark",
+        "--no-physical",
+        "--format",
+        "json",
+        "--state-layout",
+        "bucket",
+    )
+    assert json.loads(res.stdout)["spark"]["keyed_state"][0]["buckets"] == 64
     assert doc["keyed_state"][0]["steps"] == ["tick.count.stateful_batch"]
 
 

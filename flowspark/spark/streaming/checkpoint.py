@@ -30,6 +30,7 @@ __all__ = [
     "load_counts",
     "pin_schema",
     "pinned_schemas",
+    "recorded_buckets",
     "save_counts",
 ]
 
@@ -60,8 +61,17 @@ def check_meta(checkpoint: str, flow_id: str, buckets: int, steps: list[str], ti
     return timers
 
 
+def recorded_buckets(checkpoint: str) -> Optional[int]:
+    """The bucket count recorded in a checkpoint's `flowspark.json`, or `None` (a new checkpoint)."""
+    path = join(checkpoint, META_FILE)
+    if not files(checkpoint).exists(path):
+        return None
+    buckets = _read(path).get("buckets")
+    return buckets if isinstance(buckets, int) else None
+
+
 def _check_recorded_meta(
-    checkpoint: str, old: dict[str, Any], flow_id: str, buckets: int, steps: list[str], timers: bool
+    checkpoint: str, old: dict[str, Any], flow_id: str, buckets: Optional[int], steps: list[str], timers: bool
 ) -> bool:
     """Refuse a run that does not fit the recorded `flowspark.json`; return the recorded timers choice."""
     if old.get("flow_id") != flow_id or old.get("stateful_steps") != steps:
@@ -72,7 +82,7 @@ def _check_recorded_meta(
             "the query that wrote it: start it over too, with a new output path or clear_outputs=True)"
         )
         raise RecoveryError(msg)
-    if old.get("buckets") != buckets:
+    if buckets is not None and old.get("buckets") != buckets:
         msg = (
             f"checkpoint {checkpoint!r} was written with buckets={old.get('buckets')}; received "
             f"buckets={buckets}; the bucket count is fixed for a checkpoint's lifetime (keys would land "
@@ -138,7 +148,7 @@ def _check_recorded_layout(checkpoint: str, recorded: str, layout: Optional[str]
 def check_recorded(
     checkpoint: str,
     flow_id: str,
-    buckets: int,
+    buckets: Optional[int],
     steps: list[str],
     timers: bool,
     layout: Optional[str],
@@ -153,7 +163,7 @@ def check_recorded(
     Args:
         checkpoint: The checkpoint directory.
         flow_id: The flow's id.
-        buckets: The bucket count asked for.
+        buckets: The bucket count asked for, or `None` (the recorded one).
         steps: The flow's stateful step ids.
         timers: Whether the flow needs timers.
         layout: The state layout asked for, or `None`.

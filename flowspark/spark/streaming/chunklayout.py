@@ -8,8 +8,12 @@ keys sit in `MapState` rows holding many keys each: a key's chunk is
 `CHUNK_KEYS` per chunk on average. A micro-batch reads and rewrites only the chunks of
 the cold keys it touches (and of the keys leaving the hot tier), once per chunk and
 call: a stream of new keys costs a few state calls per chunk, not two per key, and a
-micro-batch over hot keys costs no chunk call at all. `ChunkTable` is the bucket's
-table, driven by the stage's one `BucketDriver`; `chunk_processor` its processor.
+micro-batch over hot keys costs no chunk call at all. A cold key's pending `notify_at`
+stays in its entry in the chunk; the bookkeeping row keeps per chunk only the earliest
+pending time and the count, so a micro-batch reads a chunk for its timers only when one
+is due, and the bookkeeping row does not grow with the cold keys waiting for a
+notification. `ChunkTable` is the bucket's table, driven by the stage's one
+`BucketDriver`; `chunk_processor` its processor.
 """
 
 from __future__ import annotations
@@ -48,15 +52,18 @@ class ChunkTable:
     (the last `hot_cap` keys touched, most recent last) or its chunk. A touched cold key
     moves to the hot tier; at `flush` the least recent keys beyond `hot_cap` move to their
     chunks. Each chunk is read at most once per call and written once when it changed.
-    The keys waiting for a notification are kept as integers (µs since the epoch): a
-    bucket with many pending keys loads, stores and scans them in C (`due`, `earliest`),
-    not as one `datetime` object each.
+    The hot keys waiting for a notification are kept as integers (µs since the epoch),
+    scanned in C (`due`, `earliest`); a cold key's `notify_at` is in its chunk's entry, and
+    the bookkeeping row has each chunk's earliest one and count (`cpend`), updated whenever
+    the chunk is written: `due` reads the chunks whose earliest time has come, no other.
 
     Args:
         chunks: The stage's `MapState` (`chunk number -> pickled {key: entry}`).
-        meta: The bucket's bookkeeping (pickled `{"pending": {key: notify_at in µs since the epoch}, "timer":
-            registered timer in ms or None, "hot": {key: entry}, "n": chunk count,
-            "sizes": {chunk: keys stored in it}}`), or `None`.
+        meta: The bucket's bookkeeping (pickled `{"pending": {hot key: notify_at in µs since the epoch},
+            "cpend": {chunk: (earliest notify_at in µs, keys waiting)}, "timer": registered timer in ms or
+            None, "hot": {key: entry}, "n": chunk count, "sizes": {chunk: keys stored in it}}`), or
+            `None`. A row written before `cpend` existed has every waiting key in `pending`: it
+            is split on load.
         hot_cap: The most keys of the hot tier.
         chunk_keys: Cold keys per chunk (on average) past which the chunk count doubles.
     """
@@ -74,10 +81,22 @@ class ChunkTable:
         self.hot: dict[str, Any] = m.get("hot", {})
         self.n: int = m.get("n", 1)
         self.sizes: dict[int, int] = m.get("sizes", {})
+        self.cpend: dict[int, tuple[int, int]] = m.get("cpend", {})
         self.changed = meta is None  # whether the bookkeeping must be written back
+        if meta is not None and "cpend" not in m:
+            self._split_pending()
         self._seen: dict[str, Any] = {}  # keys set or dropped by this call (None: dropped)
         self._loaded: dict[int, dict[str, Any]] = {}
         self._dirty: set[int] = set()
+
+    def _split_pending(self) -> None:
+        """Move the cold keys of a bookkeeping row written before `cpend` from `pending` to `cpend`."""
+        for key in [k for k in self.pending if k not in self.hot]:
+            at = self.pending.pop(key)
+            cid = chunk_of(key, self.n)
+            first, count = self.cpend.get(cid, (at, 0))
+            self.cpend[cid] = (min(first, at), count + 1)
+            self.changed = True
 
     @property
     def keys(self) -> int:
@@ -103,6 +122,7 @@ class ChunkTable:
                     chunk = pickle.loads(row[0])  # noqa: S301 - our own state
                 else:  # every key of it outlived the state TTL: Spark dropped the row unread
                     del self.sizes[cid]
+                    self.cpend.pop(cid, None)
                     self.changed = True
             self._loaded[cid] = chunk
         return chunk
@@ -137,20 +157,38 @@ class ChunkTable:
 
     def earliest(self) -> Optional[datetime]:
         """The earliest `notify_at` of the bucket's keys, or `None`."""
-        return _EPOCH + min(self.pending.values()) * _US if self.pending else None
+        ats = [min(self.pending.values())] if self.pending else []
+        if self.cpend:
+            ats.append(min(first for first, _n in self.cpend.values()))
+        return _EPOCH + min(ats) * _US if ats else None
+
+    def pending_count(self) -> int:
+        """The number of the bucket's keys waiting for a notification (as of the last `flush`)."""
+        return len(self.pending) + sum(n for _first, n in self.cpend.values())
 
     def due(self, now: datetime) -> list[tuple[datetime, str]]:
-        """`(notify_at, key)` of the keys due at `now`, in time order (then key)."""
-        if not self.pending:
-            return []
+        """`(notify_at, key)` of the keys due at `now`, in time order (then key).
+
+        Reads the chunks whose earliest pending time has come; a key this call set or dropped
+        is taken from `pending` (its chunk's entry is the old one until `flush`).
+        """
         limit = (now - _EPOCH) // _US
-        if min(self.pending.values()) > limit:
-            return []
-        return sorted((_EPOCH + at * _US, key) for key, at in self.pending.items() if at <= limit)
+        out = [(_EPOCH + at * _US, key) for key, at in self.pending.items() if at <= limit]
+        for cid in [c for c, (first, _n) in self.cpend.items() if first <= limit]:
+            for key, ent in self._chunk(cid).items():
+                if ent[1] is not None and ent[1] <= now and key not in self._seen and key not in self.pending:
+                    out.append((ent[1], key))
+        return sorted(out)
 
     def pending_at(self) -> dict[str, datetime]:
-        """`{key: notify_at}` of the keys waiting for a notification."""
-        return {key: _EPOCH + at * _US for key, at in self.pending.items()}
+        """`{key: notify_at}` of the keys waiting for a notification (reads every chunk holding one)."""
+        out = {}
+        for cid in list(self.cpend):
+            for key, ent in self._chunk(cid).items():
+                if ent[1] is not None and key not in self._seen:
+                    out[key] = ent[1]
+        out.update({key: _EPOCH + at * _US for key, at in self.pending.items()})
+        return out
 
     def flush(self) -> None:
         """Store this call's keys in the hot tier, move the least recent beyond `hot_cap` to chunks, write chunks."""
@@ -172,6 +210,7 @@ class ChunkTable:
             for key in list(itertools.islice(hot, extra)):
                 cid = chunk_of(key, self.n)
                 self._chunk(cid)[key] = hot.pop(key)
+                self.pending.pop(key, None)  # its notify_at is in the chunk's entry now
                 self._dirty.add(cid)
         for cid in self._dirty:
             self.sizes[cid] = len(self._loaded[cid])
@@ -179,12 +218,21 @@ class ChunkTable:
             self._double()
         for cid in sorted(self._dirty):
             chunk = self._loaded[cid]
+            self._count_pending(cid, chunk)
             if chunk:
                 self.chunks.updateValue((cid,), (dump_state(chunk),))
             else:
                 self.chunks.removeKey((cid,))
                 self.sizes.pop(cid, None)
         self._dirty.clear()
+
+    def _count_pending(self, cid: int, chunk: dict[str, Any]) -> None:
+        """Record chunk `cid`'s earliest pending `notify_at` and its count (`cpend`), or drop it."""
+        ats = [ent[1] for ent in chunk.values() if ent[1] is not None]
+        if ats:
+            self.cpend[cid] = ((min(ats) - _EPOCH) // _US, len(ats))
+        else:
+            self.cpend.pop(cid, None)
 
     def _double(self) -> None:
         """Split every chunk in two (the chunk count doubles): chunk `c`'s keys go to `c` or `c + n`."""
@@ -207,7 +255,16 @@ class ChunkTable:
     def meta(self) -> bytes:
         """The bucket's bookkeeping, to store."""
         sizes = {c: s for c, s in self.sizes.items() if s}
-        return dump_state({"pending": self.pending, "timer": self.timer, "hot": self.hot, "n": self.n, "sizes": sizes})
+        return dump_state(
+            {
+                "pending": self.pending,
+                "cpend": self.cpend,
+                "timer": self.timer,
+                "hot": self.hot,
+                "n": self.n,
+                "sizes": sizes,
+            }
+        )
 
 
 def chunk_processor(driver: Any, ttl: Optional[timedelta] = None, timed: bool = True) -> Any:

@@ -118,6 +118,10 @@ class KeyTable:
         """The number of keys of the bucket."""
         return self.keys
 
+    def pending_count(self) -> int:
+        """The number of the bucket's keys waiting for a notification."""
+        return len(self.pending)
+
     def _track(self, key: str, at: Optional[datetime]) -> None:
         if self.pending.get(key) != at:
             if at is None:

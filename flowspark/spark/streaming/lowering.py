@@ -26,16 +26,46 @@ from flowspark.spark.streaming.routing import (
 )
 
 __all__ = [
-    "DEFAULT_BUCKETS",
+    "BUCKETS_PER_PARTITION",
+    "BUCKET_LAYOUT_BUCKETS",
     "Lowering",
     "compile_streaming",
+    "default_buckets",
     "lone_native_sink",
     "needs_timers",
     "offline_env",
     "spark_writer_sink",
 ]
 
-DEFAULT_BUCKETS = 64
+#: A new checkpoint's bucket count in the bucket layout (one state row per bucket).
+BUCKET_LAYOUT_BUCKETS = 64
+#: A new checkpoint's buckets per shuffle partition in the chunk and key layouts.
+BUCKETS_PER_PARTITION = 8
+
+
+def default_buckets(layout: str, partitions: int) -> int:
+    """The bucket count of a new checkpoint that was given none.
+
+    The bucket layout keeps `BUCKET_LAYOUT_BUCKETS` (a touched bucket rewrites all its keys:
+    smaller buckets cost less as the state grows). The chunk and key layouts
+    (`transformWithStateInPandas`) pay per bucket and micro-batch, whatever its size: a call
+    of the processor with its own pandas frame, a read and a write of the bucket's row through
+    Spark's state server (about 1 ms each, measured); their state grows in per-key or chunk
+    rows, not in the bucket's row. They get `BUCKETS_PER_PARTITION` buckets per Spark
+    partition of the stateful operator (`spark.sql.shuffle.partitions` when the checkpoint
+    starts, which Spark also fixes for the checkpoint), at least 16: every task still runs
+    several buckets, and a cluster with more partitions gets more buckets.
+
+    Args:
+        layout: The state layout (`flowspark.spark.streaming.state.LAYOUTS`).
+        partitions: The session's `spark.sql.shuffle.partitions`.
+
+    Returns:
+        The bucket count.
+    """
+    if layout == "bucket":
+        return BUCKET_LAYOUT_BUCKETS
+    return max(16, BUCKETS_PER_PARTITION * partitions)
 
 
 def compile_streaming(flow: Any) -> Plan:

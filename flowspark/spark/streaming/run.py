@@ -15,10 +15,11 @@ from flowspark.spark.streaming.checkpoint import (
     check_layout,
     check_meta,
     check_untimed,
+    recorded_buckets,
 )
 from flowspark.spark.streaming.ckfs import check_reachable, is_local
 from flowspark.spark.streaming.listen import Listener, make_listener, remove_listeners, wait_for_run
-from flowspark.spark.streaming.lowering import DEFAULT_BUCKETS, compile_streaming, needs_timers
+from flowspark.spark.streaming.lowering import compile_streaming, default_buckets, needs_timers
 from flowspark.spark.streaming.query import StreamingRun
 from flowspark.spark.streaming.state import (
     LAYOUTS,
@@ -35,7 +36,7 @@ def run_streaming(
     spark: Any = None,
     checkpoint: Optional[str] = None,
     trigger: Optional[str] = None,
-    buckets: int = DEFAULT_BUCKETS,
+    buckets: Optional[int] = None,
     state_layout: Optional[str] = None,
     state_ttl: Optional[timedelta] = None,
     max_items: int = 100_000,
@@ -58,7 +59,10 @@ def run_streaming(
         trigger: `None`: run until stopped (Ctrl-C stops between micro-batches), one
             micro-batch every 500 ms at most; `"available_now"`: process what is
             there, fire due notifications, return; or an interval like `"5 seconds"`.
-        buckets: Number of state buckets `B` (fixed for a checkpoint's lifetime).
+        buckets: Number of state buckets `B` (fixed for a checkpoint's lifetime); default
+            the checkpoint's, and for a new one 64 in the bucket layout, 8 per shuffle
+            partition (`spark.sql.shuffle.partitions`, at least 16) in the chunk and key layouts
+            (`flowspark.spark.streaming.lowering.default_buckets`).
         state_layout: `"chunk"` (transformWithStateInPandas: a hot tier of recently
             touched keys per bucket, the other keys in `MapState` rows of many keys each: a
             micro-batch's cost follows the keys it touches, state filled at about half the
@@ -124,9 +128,6 @@ def run_streaming(
     if trigger is not None and not isinstance(trigger, str):
         msg = f"flowspark.spark.run: trigger must be None, 'available_now' or like '5 seconds'; received {trigger!r}"
         raise FlowsparkTypeError(msg)
-    if not isinstance(buckets, int) or buckets < 1:
-        msg = f"flowspark.spark.run: buckets must be a positive int; received {buckets!r}"
-        raise FlowsparkTypeError(msg)
     state_ttl = ttl_arg("flowspark.spark.run", state_ttl)
     chosen = rules_arg(rules)
     if state_layout is not None and state_layout not in LAYOUTS:
@@ -152,6 +153,7 @@ def run_streaming(
         spark = get_session()  # its Hadoop file systems open the checkpoint
     if spark is not None:
         check_reachable(spark, checkpoint)
+    spark, buckets = _buckets(spark, checkpoint, buckets, state_layout)
     timers = check_meta(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan))
     layout = check_layout(checkpoint, state_layout, LAYOUTS)
     untimed = check_untimed(checkpoint, layout, timers, state_ttl is not None)
@@ -203,3 +205,23 @@ def run_streaming(
         remove_listeners(spark, query, lst, spark_listener, listener)
         sr.close_sinks()
     return sr
+
+
+def _buckets(spark: Any, checkpoint: str, buckets: Optional[int], layout: Optional[str]) -> tuple[Any, int]:
+    """The run's bucket count: the one asked for, else the checkpoint's, else a new checkpoint's default.
+
+    Returns:
+        `(spark, buckets)`: `spark` is a new session when the default needed one (for its shuffle partitions).
+    """
+    if buckets is not None and (not isinstance(buckets, int) or isinstance(buckets, bool) or buckets < 1):
+        msg = f"flowspark.spark.run: buckets must be a positive int; received {buckets!r}"
+        raise FlowsparkTypeError(msg)
+    if buckets is None:
+        buckets = recorded_buckets(checkpoint)
+    if buckets is None:  # a new checkpoint
+        if spark is None:
+            from flowspark.spark.session import get_session
+
+            spark = get_session()
+        buckets = default_buckets(layout or LAYOUTS[0], int(spark.conf.get("spark.sql.shuffle.partitions")))
+    return spark, buckets

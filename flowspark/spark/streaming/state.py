@@ -523,7 +523,7 @@ class BucketDriver:
     def report(self, bucket: Any, table: Any) -> None:
         """Report the bucket's counts after a call (see `counts`)."""
         if self.counts is not None and not (self.route is not None and bucket == self.forward_group):
-            pending = len(table.pending) if isinstance(table, _TIERED) else sum(1 for _ in _pending(table))
+            pending = table.pending_count() if isinstance(table, _TIERED) else sum(1 for _ in _pending(table))
             self.counts.add({f"{self.spec.stage_id}:{bucket}": (len(table), pending)})
 
     def timeout_ms(self, table: Any, now: datetime) -> Optional[int]:
