@@ -227,7 +227,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="10000,1000000,4000000")
     ap.add_argument("--hot", type=int, default=5)
-    ap.add_argument("--layouts", default="bucket,key,chunk", help="default: a new checkpoint's layout")
+    ap.add_argument(
+        "--layouts",
+        default="bucket,key,chunk",
+        help="default: a new checkpoint's layout; LAYOUT:B runs it with B buckets (e.g. chunk:16)",
+    )
     ap.add_argument("--timers", default="", help="N1,N2: keys each holding a pending notify_at")
     ap.add_argument("--ttl", type=int, default=0, help="keys filled in the TTL case (0: skip it)")
     ap.add_argument("--ttl-seconds", type=float, default=20.0)
