@@ -641,7 +641,9 @@ def _cmd_state(args: argparse.Namespace) -> int:
     from flowspark.spark.tools import read_state
 
     spark = open_session(args.master, {"spark.sql.shuffle.partitions": "1"}, app_name="flowspark state")
-    meta, table = read_state(spark, args.checkpoint, args.batch_id)
+    sizes: dict[str, int] = {}
+    meta, table = read_state(spark, args.checkpoint, args.batch_id, sizes)
+    waiting = sum(1 for ent in table.values() if ent[1] is not None)
     steps = list(meta.get("stateful_steps") or [])
     picked = _pick_steps(steps, args.step, args.checkpoint)
     keys = sorted(table) if args.key is None else [k for k in (args.key,) if k in table]
@@ -658,6 +660,9 @@ def _cmd_state(args: argparse.Namespace) -> int:
             "buckets": meta.get("buckets"),
             "state_layout": meta.get("state_layout", LEGACY_LAYOUT),
             "stateful_steps": steps,
+            "keys": len(table),
+            "waiting_for_notification": waiting,
+            "state_bytes": sizes.get("bytes", 0),
             "state": [
                 {
                     "step_id": step,
@@ -672,7 +677,8 @@ def _cmd_state(args: argparse.Namespace) -> int:
         return 0
     print(
         f"checkpoint {args.checkpoint}: dataflow {meta.get('flow_id')!r}, {meta.get('buckets')} buckets "
-        f"(layout {meta.get('state_layout', LEGACY_LAYOUT)!r}), {len(table)} keys with state"
+        f"(layout {meta.get('state_layout', LEGACY_LAYOUT)!r}), {len(table)} keys with state, {waiting} waiting "
+        f"for a notification, {sizes.get('bytes', 0):,} bytes of pickled state rows"
     )
     for step, key, snap, at in records:
         when = f"  (next notification {at.isoformat()})" if at is not None else ""

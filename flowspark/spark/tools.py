@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO
 
 from flowspark.spark.compat import explain_string, stage_list
 from flowspark.spark.session import MasterUnreachableError, check_master, open_session, quiet_logs
@@ -306,7 +306,9 @@ def spark_error_line(err: BaseException) -> str:
     return first
 
 
-def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> tuple[dict[str, Any], dict[str, Any]]:
+def read_state(
+    spark: Any, checkpoint: str, batch_id: Optional[int] = None, sizes: Optional[dict[str, int]] = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read the keyed state of a streaming checkpoint with Spark's `statestore` reader.
 
     The checkpoint must have been written by `flowspark.spark.streaming`: its
@@ -322,6 +324,8 @@ def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> t
         spark: The SparkSession.
         checkpoint: The checkpoint directory.
         batch_id: Read the state as of this micro-batch (default the last committed one).
+        sizes: A dict to receive `"bytes"`: the bytes of the pickled state rows read (the
+            entries as Spark's state store holds them, without its own keys and overhead).
 
     Returns:
         `(meta, table)`: the parsed `flowspark.json`, and `{key: (snapshots, notify_at[, run])}`
@@ -331,7 +335,6 @@ def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> t
         FlowsparkError: The directory is not a flowspark streaming checkpoint, or holds no state yet.
     """
     import json
-    import pickle
 
     from flowspark.errors import FlowsparkError
     from flowspark.spark.streaming.ckfs import files, is_local, join
@@ -360,21 +363,38 @@ def read_state(spark: Any, checkpoint: str, batch_id: Optional[int] = None) -> t
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)
-    if meta.get("state_layout") == "key":
-        return meta, _key_layout_state(reader, query)
-    if meta.get("state_layout") == "chunk":
-        return meta, _chunk_layout_state(reader, query)
-    rows = reader.load(query).select("value").collect()
-    table: dict[str, Any] = {}
-    for row in rows:
-        blob = _first_binary(row["value"])
-        if blob is None:
-            continue
-        table.update(pickle.loads(blob))  # noqa: S301 - our own checkpoint
+    read = [0]
+
+    def blob_of(value: Any) -> Optional[bytes]:
+        blob = _first_binary(value)
+        read[0] += len(blob) if blob is not None else 0
+        return blob
+
+    table = _layout_state(reader, query, meta.get("state_layout"), blob_of)
+    if sizes is not None:
+        sizes["bytes"] = read[0]
     return meta, table
 
 
-def _key_layout_state(reader: Any, path: str) -> dict[str, Any]:
+def _layout_state(reader: Any, query: str, layout: Optional[str], blob_of: Callable[[Any], Any]) -> dict[str, Any]:
+    """`{key: entry}` of a checkpoint's state store in its layout (`blob_of`: a state row's pickled bytes)."""
+    import pickle
+
+    if layout == "key":
+        return _key_layout_state(reader, query, blob_of)
+    if layout == "chunk":
+        return _chunk_layout_state(reader, query, blob_of)
+    rows = reader.load(query).select("value").collect()
+    table: dict[str, Any] = {}
+    for row in rows:
+        blob = blob_of(row["value"])
+        if blob is None:
+            continue
+        table.update(pickle.loads(blob))  # noqa: S301 - our own checkpoint
+    return table
+
+
+def _key_layout_state(reader: Any, path: str, blob_of: Callable[[Any], Any]) -> dict[str, Any]:
     """`{key: entry}` of a key-layout checkpoint: the per-key `MapState` rows, then the buckets' hot tiers (newer)."""
     import pickle
 
@@ -383,18 +403,18 @@ def _key_layout_state(reader: Any, path: str) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for row in reader.option("stateVarName", ENTRIES[0]).load(path).collect():
         # The value is (entry) or, with Spark's TTL on the rows, ((entry), ttlExpirationMs).
-        key, blob = row["user_map_key"][ENTRIES[1].split()[0]], _first_binary(row["user_map_value"])
+        key, blob = row["user_map_key"][ENTRIES[1].split()[0]], blob_of(row["user_map_value"])
         if blob is not None:
             table[key] = pickle.loads(blob)  # noqa: S301 - our own checkpoint
     for row in reader.option("stateVarName", META[0]).load(path).select("value").collect():
-        blob = _first_binary(row["value"])
+        blob = blob_of(row["value"])
         if blob is not None:
             hot = pickle.loads(blob).get("hot", {})  # noqa: S301 - our own checkpoint
             table.update({key: ent for key, (ent, _in_map) in hot.items()})
     return table
 
 
-def _chunk_layout_state(reader: Any, path: str) -> dict[str, Any]:
+def _chunk_layout_state(reader: Any, path: str, blob_of: Callable[[Any], Any]) -> dict[str, Any]:
     """`{key: entry}` of a chunk-layout checkpoint: the chunks' keys, then the buckets' hot tiers."""
     import pickle
 
@@ -403,11 +423,11 @@ def _chunk_layout_state(reader: Any, path: str) -> dict[str, Any]:
 
     table: dict[str, Any] = {}
     for row in reader.option("stateVarName", CHUNKS[0]).load(path).select("user_map_value").collect():
-        blob = _first_binary(row["user_map_value"])
+        blob = blob_of(row["user_map_value"])
         if blob is not None:
             table.update(pickle.loads(blob))  # noqa: S301 - our own checkpoint
     for row in reader.option("stateVarName", META[0]).load(path).select("value").collect():
-        blob = _first_binary(row["value"])
+        blob = blob_of(row["value"])
         if blob is not None:
             table.update(pickle.loads(blob).get("hot", {}))  # noqa: S301 - our own checkpoint
     return table

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+from datetime import datetime, timezone
 
 import pytest
 
@@ -11,6 +13,7 @@ import flowspark.operators as op
 from flowspark.cli import main
 from flowspark.dataflow import Dataflow
 from flowspark.inputs import FileSource
+from flowspark.operators import StatefulLogic
 from flowspark.outputs import FileSink
 from flowspark.testing import TestingSink, TestingSource
 
@@ -108,6 +111,56 @@ def stream_flow(root, out, flow_id="cli_stream"):
     return flow
 
 
+FAR = datetime(2100, 1, 1, tzinfo=timezone.utc)
+
+
+class WaitFar(StatefulLogic):
+    """Counts a key's values and waits for a notification far in the future."""
+
+    def __init__(self, resume):
+        self.n = resume or 0
+
+    def on_item(self, value):
+        self.n += 1
+        return [], False
+
+    def on_notify(self):
+        return [self.n], True
+
+    def notify_at(self):
+        return FAR
+
+    def snapshot(self):
+        return self.n
+
+
+def waiting_flow(root, out):
+    from streaming_helpers import JsonlDirSource
+
+    flow = Dataflow("cli_wait")
+    s = op.input("inp", flow, JsonlDirSource(root, ["a"]))
+    waits = op.stateful("wait", op.key_on("key", s, lambda e: e["user"]), WaitFar)
+    op.output("out", op.map("fmt", waits, lambda kv: (kv[0], f"{kv[0]}={kv[1]}")), FileSink(out))
+    return flow
+
+
+def test_state_counts_the_keys_waiting_for_a_notification(spark, tmp_path, capsys, monkeypatch):
+    """Chunk layout, one hot key per bucket: most waiting keys sit in chunks (their times there, not in the row)."""
+    from streaming_helpers import write_jsonl
+
+    monkeypatch.setattr("flowspark.spark.streaming.chunklayout.HOT_PER_BUCKET", 1)
+    monkeypatch.setattr("flowspark.spark.streaming.chunklayout.CHUNK_KEYS", 1)
+    root, chk, out = str(tmp_path / "in"), str(tmp_path / "chk"), str(tmp_path / "out.txt")
+    write_jsonl(f"{root}/a/0001.jsonl", [{"user": f"u{i % 5}"} for i in range(12)])
+    args = ["run", "--checkpoint", chk, "--trigger", "available_now", "--buckets", "2", "--no-progress"]
+    assert main([*args, f"test_cli_spark:waiting_flow({root!r}, {out!r})"]) == 0
+    assert main(["state", chk]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "2 buckets (layout 'chunk'), 5 keys with state, 5 waiting for a notification" in lines[0]
+    when = f"  (next notification {FAR.isoformat()})"
+    assert lines[1:] == [f"cli_wait.wait.stateful_batch 'u{i}': {3 if i < 2 else 2}{when}" for i in range(5)]
+
+
 def test_streaming_run_then_state_then_foreign_flow_refused(spark, tmp_path, capsys):
     from streaming_helpers import write_jsonl
 
@@ -122,7 +175,8 @@ def test_streaming_run_then_state_then_foreign_flow_refused(spark, tmp_path, cap
     assert main(["state", chk]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"checkpoint {chk}: dataflow 'cli_stream'")
-    assert "3 keys with state" in lines[0]
+    assert "3 keys with state, 0 waiting for a notification, " in lines[0]
+    assert int(re.search(r"([\d,]+) bytes of pickled state rows$", lines[0]).group(1).replace(",", "")) > 0
     assert lines[1:] == [
         "cli_stream.count.stateful_batch 'u0': 3",
         "cli_stream.count.stateful_batch 'u1': 2",
@@ -130,6 +184,8 @@ def test_streaming_run_then_state_then_foreign_flow_refused(spark, tmp_path, cap
     ]
     assert main(["state", chk, "--step", "cli_stream.count", "--key", "u1", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
+    assert (doc["keys"], doc["waiting_for_notification"]) == (3, 0)
+    assert doc["state_bytes"] > 0
     assert doc["state"] == [
         {"step_id": "cli_stream.count.stateful_batch", "key": "u1", "snapshot": 2, "notify_at": None}
     ]
@@ -158,7 +214,7 @@ def test_state_reads_the_key_and_chunk_layouts(spark, tmp_path, capsys, monkeypa
     assert main([*args, "--no-progress", f"test_cli_spark:stream_flow({root!r}, {out!r})"]) == 0
     assert main(["state", chk]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert f"2 buckets (layout '{layout}'), 5 keys with state" in lines[0]
+    assert f"2 buckets (layout '{layout}'), 5 keys with state, 0 waiting for a notification" in lines[0]
     assert lines[1:] == [f"cli_stream.count.stateful_batch 'u{i}': {3 if i < 2 else 2}" for i in range(5)]
 
 
