@@ -176,7 +176,7 @@ class ChunkTable:
         out = [(_EPOCH + at * _US, key) for key, at in self.pending.items() if at <= limit]
         for cid in [c for c, (first, _n) in self.cpend.items() if first <= limit]:
             for key, ent in self._chunk(cid).items():
-                if ent[1] is not None and ent[1] <= now and key not in self._seen and key not in self.pending:
+                if ent[1] is not None and ent[1] <= now and key not in self._seen:
                     out.append((ent[1], key))
         return sorted(out)
 
