@@ -752,9 +752,9 @@ class StepDriver:
         return out, logic
 
     def drive_values(
-        self, key: str, values: list[Any], logic: Any, now: datetime, due: Any = UNKNOWN
+        self, key: str, values: list[Any], logic: Any, now: datetime, due: Any = UNKNOWN, eof: bool = False
     ) -> tuple[list[Any], Any]:
-        """`drive` with `eof=False` and `tags=False` over the values of one activation, given without tags.
+        """`drive` with `tags=False` over the values of one activation, given without tags.
 
         The same emits in the same order, and the same logic after them, as `drive` over
         `[(b"", v) for v in values]`, without building or reading a tag.
@@ -765,10 +765,30 @@ class StepDriver:
             logic: The key's live logic, or `None` (built on the first value).
             now: The logical time notifications are compared with.
             due: As in `drive`.
+            eof: As in `drive`: the key's input ends after `values` (due notifications, then `on_eof`).
 
         Returns:
             `(emits in order, logic or None)`.
         """
+        if not eof:
+            return self._values(key, values, logic, now, due)
+        out, logic = self._values(key, values, logic, now, due)
+        if logic is None:
+            return out, None
+        ws: list[Any] = []
+        if wants_notify(logic):
+            logic, ws = self.fire_due(key, logic, now)
+        if logic is not None:
+            more, discard = self.eof(key, logic)
+            ws.extend(more)
+            if discard:
+                logic = None
+        if ws:
+            out = out + ws if out else ws
+        return out, logic
+
+    def _values(self, key: str, values: list[Any], logic: Any, now: datetime, due: Any) -> tuple[list[Any], Any]:
+        """`drive_values` with `eof=False`."""
         if not values:
             return [], logic
         if logic is None:

@@ -172,8 +172,20 @@ def _check_one_step(w: _Work, sid: int) -> Optional[str]:
 
 
 def _check_values(w: _Work, sid: int) -> Optional[str]:
-    if not w.applied("one_step", f"stage {sid}"):
+    if w.env.target == "streaming" and not w.applied("one_step", f"stage {sid}"):
         return "one_step did not apply"
+    if len(w.spec(sid).chain) != 1:
+        return "the stage chains several steps"
+    if w.applied("native_reduction", f"stage {sid}"):
+        return "native_reduction applies (Spark aggregates the stage)"
+    step = w.spec(sid).chain[0]
+    if w.env.target == "batch" and step.notifies and not w.applied("spark_keys", f"stage {sid}"):
+        # Due notifications fire between a key's activations, which the values' sequences tell
+        # apart; a SparkSource's rows are one activation (what spark_keys reads).
+        return (
+            f"step {step.step_id!r} may ask for notifications, which fire between the activations its values' "
+            "sequences tell apart (spark_keys did not apply)"
+        )
     if "sink_fusion" not in w.spec(sid).modes:
         return "the stage does not write a sink's rows (sink_fusion)"
     if w.plan.dead_letter is not None:
@@ -598,10 +610,10 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "values_driver",
         "stage",
-        _STREAM,
+        _BOTH,
         False,
-        "one_step writing a sink's rows, without a dead letter, drives each key's values without tags "
-        "(nothing reads their sequences)",
+        "a keyed stage of one stateful step (in a streaming query: one_step) writing a sink's rows, without a "
+        "dead letter, drives each key's values without tags (nothing reads their sequences)",
         _check_values,
         _mode("values_driver"),
     ),

@@ -13,6 +13,7 @@ the same code. A user error leaves a task as the marker of
 from __future__ import annotations
 
 import gc
+import itertools
 import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -75,18 +76,21 @@ def _fail(step_id: str, error: BaseException) -> FlowsparkRuntimeError:
     return step_error(step_id, error)
 
 
-def _key_runs(batches: Iterator[Any], value_only: bool) -> Iterator[tuple[str, list[tuple[bytes, Any]]]]:
+def _key_runs(batches: Iterator[Any], value_only: bool, values_only: bool = False) -> Iterator[tuple[str, list[Any]]]:
     """Group Arrow batches of `(k, seq, v)` rows sorted by (k, seq) into `(key, [(seq, value)])` runs.
 
-    A key's rows may span batches; each key is yielded once, with all its rows.
+    A key's rows may span batches; each key is yielded once, with all its rows. `value_only`:
+    column `v` holds the values alone (`Port.value_only`); `values_only`: a run holds the
+    key's values alone, without their sequences.
     """
 
-    def columns() -> Iterator[tuple[Any, list[bytes], list[Any]]]:
+    def columns() -> Iterator[tuple[Any, Optional[list[bytes]], list[Any]]]:
         for b in batches:
             if not b.num_rows:
                 continue
             vs = loads_all(b.column(2).to_pylist())
-            yield b.column(0), b.column(1).to_pylist(), vs if value_only else list(map(_second, vs))
+            ss = None if values_only else b.column(1).to_pylist()
+            yield b.column(0), ss, vs if value_only else list(map(_second, vs))
 
     return _runs(columns())
 
@@ -559,11 +563,16 @@ def stage_function(
         # The rule `mapper_line`: the stage's steps are one line of one-to-one mappers.
         line = spec.one_to_one_mappers() if sink is not None and "mapper_line" in spec.modes else None
 
-        def sink_batch(items: list[tuple[bytes, Any]]) -> Any:
+        # The rule `values_driver`: the keyed stage's items come without sequences (`_value_items`).
+        values = sink is not None and "values_driver" in spec.modes
+
+        def sink_batch(items: list[Any]) -> Any:
             assert sink is not None
-            xs = through(line, list(map(_second, items))) if line is not None else None
+            chain_items = items if values else list(map(_second, items))
+            xs = through(line, chain_items) if line is not None else None
             if xs is None:  # not a line of one-to-one steps, or a step raised: step by step, for its error
-                ps = stage_streams(spec, items).get(spec.ports[0].stream)
+                tagged = list(zip(itertools.repeat(b""), items)) if values else items
+                ps = stage_streams(spec, tagged).get(spec.ports[0].stream)
                 xs = list(map(_second, ps)) if ps else None
             return dict_rows(sink[0], xs, sink[1]) if xs else None
 
@@ -572,9 +581,14 @@ def stage_function(
         dead: Dead = [] if spec.dead_letter else None
         try:
             with use_clock(lambda: now), no_gc():
-                for items in _stage_items(
-                    spec, batches, now, partition_id, out_batch_rows, column_key, dead, ordered=sink is None
-                ):
+                stage_items: Iterator[list[Any]] = (
+                    _value_items(spec, batches, now, out_batch_rows, column_key)
+                    if values
+                    else _stage_items(
+                        spec, batches, now, partition_id, out_batch_rows, column_key, dead, ordered=sink is None
+                    )
+                )
+                for items in stage_items:
                     b = out(items)
                     if b is not None:
                         yield b
@@ -677,6 +691,32 @@ def _stage_items(
         for items in _entry_items_from_source(spec, b, partition_id):
             for start in range(0, len(items), out_rows):
                 yield items[start : start + out_rows]
+
+
+def _value_items(
+    spec: StageSpec, batches: Iterator[Any], now: datetime, out_rows: int, column_key: bool
+) -> Iterator[list[tuple[str, Any]]]:
+    """The chain's `(key, emit)` items of a keyed stage of one step, driven on values alone (the rule `values_driver`).
+
+    The same items in the same order as `_stage_items` with `ordered=False`, without their
+    (empty) sequences: each key's values go to `StepDriver.drive_values`, then its end of input.
+    """
+    (driver,) = stage_drivers(spec)
+    runs = (
+        column_key_runs(spec, batches, values_only=True)
+        if column_key
+        else _key_runs(batches, spec.input_value_only, values_only=True)
+    )
+    pending: list[tuple[str, Any]] = []
+    for key, values in runs:
+        ws, _logic = driver.drive_values(key, values, None, now, eof=True)
+        if ws:
+            pending.extend(zip(itertools.repeat(key), ws))
+            if len(pending) >= out_rows:
+                yield pending
+                pending = []
+    if pending:
+        yield pending
 
 
 def _aggregated_items(

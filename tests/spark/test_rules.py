@@ -20,6 +20,7 @@ import operator
 import os
 import re
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
 
 import pytest
@@ -229,6 +230,8 @@ CASES = [
     ("mapper_line", "stage 1", "columns"),
     ("mapper_line", "stage 1", "python_stream"),
     ("flat_driver", "stage 1", "python_stream"),
+    ("values_driver", "stage 1", "columns"),
+    ("values_driver", "stage 1", "rows"),
     ("values_driver", "stage 1", "timed_parquet_stream"),
     ("ordered_source", "stage 1", "python_stream"),
     ("file_order", "stage 1", "parquet_stream"),
@@ -501,3 +504,83 @@ def test_a_failing_concurrent_write_names_its_sink_and_the_other_write_completes
     counts_rows = {r["user"]: r["n"] for r in runs.spark.read.parquet(str(out / "counts")).collect()}
     assert counts_rows == {f"u{i}": 9 for i in range(5)}
     assert "_SUCCESS" in os.listdir(out / "counts")
+
+
+class _NotifyLogic(op.StatefulLogic):
+    """Emits per value, from a notification due as soon as a value came (a time in the past), and at EOF."""
+
+    def __init__(self, resume: Any) -> None:
+        self.seen: list[str] = resume or []
+        self.waits = False
+
+    def on_item(self, at: Any) -> Any:
+        self.seen = [*self.seen, at]
+        self.waits = True
+        return [f"item {at}"], self.RETAIN
+
+    def notify_at(self) -> Any:
+        return _T0 - timedelta(days=1) if self.waits else None
+
+    def on_notify(self) -> Any:
+        self.waits = False
+        return [f"notified after {' '.join(self.seen)}"], self.RETAIN
+
+    def on_eof(self) -> Any:
+        return [f"eof after {' '.join(self.seen)}"], self.RETAIN
+
+    def snapshot(self) -> Any:
+        return self.seen
+
+
+_T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+
+def _notify_rows(src: Any, out: Any) -> Dataflow:
+    flow = Dataflow("notify")
+    keyed = op.key_on("key", op.input("inp", flow, src), _user)
+    emits = op.stateful("st", op.map_value("at", keyed, _at), _NotifyLogic)
+    rows = op.map("row", emits, lambda kv: {"user": kv[0], "x": kv[1]})
+    op.output("out", rows, TestingSink(out) if isinstance(out, list) else SparkSink("parquet", out))
+    return flow
+
+
+def test_values_driver_drives_notifications_and_eof_as_the_reference_and_needs_one_activation_per_key(runs, tmp_path):
+    """A logic that notifies and emits at EOF: the same rows with `values_driver` as without and in memory.
+
+    A `SparkSource`'s rows are one activation, so in memory the reference is the list as one
+    source batch; from a `TestingSource` (an activation per item) the rule does not apply.
+    """
+    spark = runs.spark
+    outputs = {}
+    for rules in ("all", "-values_driver", "none"):
+        out = str(tmp_path / f"out_{rules.strip('-')}")
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            run(
+                _notify_rows(SparkSource("parquet", runs.parquet), out),
+                spark=spark,
+                rules=rules,
+                start_time=_T0,
+                explain=True,
+            )
+        decision = _decisions(text.getvalue())[("values_driver", "stage 1")]
+        assert decision.endswith(": applied") == (rules == "all"), decision
+        outputs[rules] = sorted((r.user, r.x) for r in spark.read.parquet(out).collect())
+    ref: list[Any] = []
+    run_main(_notify_rows(TestingSource(EVENTS, batch_size=len(EVENTS)), ref), clock="fixed", start_time=_T0)
+    want = sorted((r["user"], r["x"]) for r in ref)
+    assert outputs["all"] == outputs["-values_driver"] == outputs["none"] == want
+    assert ("u0", "notified after e0 e5 e10 e15 e20 e25 e30 e35 e40") in want
+    assert ("u0", "eof after e0 e5 e10 e15 e20 e25 e30 e35 e40") in want
+
+    plan, _ = physical_plans(compile_flow(_notify_rows(TestingSource(EVENTS), [])), spark)
+    assert str(plan.decision("values_driver", "stage 1")) == (
+        "rule values_driver: not applied (step 'notify.st.stateful_batch' may ask for notifications, which fire between the "
+        "activations its values' sequences tell apart (spark_keys did not apply))"
+    )
+    got: list[Any] = []
+    run(_notify_rows(TestingSource(EVENTS), got), spark=spark, start_time=_T0)
+    ref = []
+    run_main(_notify_rows(TestingSource(EVENTS), ref), clock="fixed", start_time=_T0)
+    assert sorted(map(repr, got)) == sorted(map(repr, ref))
+    assert sum(1 for r in ref if r["x"].startswith("notified after")) > 5  # between values, not only at the end
