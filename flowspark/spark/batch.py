@@ -34,6 +34,7 @@ from flowspark.spark.columns import (
     head_sample,
     in_sequence,
     port_rows,
+    prefix_sample,
     stage_inputs,
     union_all,
 )
@@ -414,6 +415,12 @@ class _Job:
         first = self.aggregates.first_rows(stage) if "aggregate_sample" in sk.modes else None
         if first is not None:
             got = sample_first_rows(fn, first, n, _action)
+            if got is not None:
+                return got
+        if stage in self.keyed_by_spark and "prefix_sample" in sk.modes:
+            ck = self.plan.stages[stage].spec.column_key
+            assert ck is not None
+            got = prefix_sample(_positioned(self.keyed_by_spark[stage]), ck.column, fn, n, _action)
             if got is not None:
                 return got
         if stage in self.keyed_by_spark:

@@ -154,6 +154,60 @@ def in_sequence(table: Any) -> Any:
     return table.take(pc.sort_indices(table, sort_keys=[("seq", "ascending"), ("st", "ascending"), ("p", "ascending")]))
 
 
+#: Positions (`monotonically_increasing_id`) below this are rows of the source's partition 0.
+_PARTITION_1 = 1 << 33
+
+
+def prefix_sample(
+    positioned: Any,
+    key: str,
+    fn: Callable[[Iterator[Any]], Iterator[Any]],
+    n: int,
+    action: Callable[[Callable[[], Any]], Any],
+) -> Optional[list[Any]]:
+    """The first `n` items of a Spark-keyed stage of `stateful_map` steps, from the source's first rows, or `None`.
+
+    `limit` takes each source partition's first rows (a few row groups read, no scan of the
+    whole input) and keeps a contiguous run of partition 0's. Partition 0's first `m` rows are
+    the positions `0 .. m-1`, the smallest of the input, so each key's values among them are its
+    first values in order; a chain of `stateful_map` steps (the rule `prefix_sample`: no
+    notifications, nothing at end of input) gives a key's first emits for its first values. The
+    rows sorted by key then position, as the stage gets them, run through the stage here, at
+    the driver: the items are items of the stage's output (those of the earliest rows).
+
+    Args:
+        positioned: The source's rows with their position first (`ID_COLUMN`).
+        key: The key column's name.
+        fn: The stage's sampling function (`stage_function(..., sample=(port, n))`).
+        n: Items wanted.
+        action: Runs a Spark action or `fn` and turns a step's error into the run's error.
+
+    Returns:
+        The items, or `None` when the rows give fewer than `n` items (or the whole input was
+        read), a key is null, or partition 0's rows are not positions `0 .. m-1` (the other
+        samplings then run).
+    """
+    import pyarrow.compute as pc
+
+    from flowspark.spark.codec import loads
+
+    for take in SAMPLE_ROWS:
+        table = action(lambda t=take: positioned.limit(t).toArrow())  # type: ignore[misc]  # bound at definition
+        if table.num_rows < take:
+            return None  # the whole input: the full sampling job reads it as cheaply
+        table = table.filter(pc.less(table.column(ID_COLUMN), _PARTITION_1))
+        m = table.num_rows
+        ids = table.column(ID_COLUMN)
+        if not m or pc.min(ids).as_py() != 0 or pc.max(ids).as_py() != m - 1 or table.column(key).null_count:
+            return None
+        batches = table.sort_by([(key, "ascending"), (ID_COLUMN, "ascending")]).to_batches()
+        out = action(lambda bs=batches: list(fn(iter(bs))))  # type: ignore[misc]  # bound at definition
+        got = [loads(v) for b in out for v in b.column(0).to_pylist()]
+        if len(got) >= n:
+            return got[:n]
+    return None
+
+
 def head_sample(
     ordered: Any,
     key: str,

@@ -42,6 +42,7 @@ from flowspark.spark.rules_sinks import (
     check_concurrent,
     check_fusion,
     check_native_rows,
+    check_prefix_sample,
     check_sampling,
     sink_mode,
 )
@@ -544,6 +545,17 @@ RULES: tuple[Rule, ...] = (
         "so its stage can write the rows in one pass",
         check_sampling,
         sink_mode("schema_sampling"),
+    ),
+    Rule(
+        "prefix_sample",
+        "sink",
+        _BATCH,
+        False,
+        "a SparkSink without a schema fed by a Spark-keyed stage of stateful_map steps infers it from the stage's "
+        "steps run at the driver over the source's first rows (a limit: no scan of the whole input); a key's first "
+        "values give its first emits",
+        check_prefix_sample,
+        sink_mode("prefix_sample"),
     ),
     Rule(
         "aggregate_sample",

@@ -110,6 +110,22 @@ def _aggregate_sink(w: Work, step: str, rule: str) -> Optional[str]:
     return None
 
 
+def check_prefix_sample(w: Work, step: str) -> Optional[str]:
+    """`prefix_sample`: a sampled sink fed by a Spark-keyed stage of `stateful_map` steps samples the first rows."""
+    if not w.applied("schema_sampling", f"sink {step}"):
+        return "schema_sampling did not apply"
+    sid = w.sinks[step].port[0]
+    if not w.applied("spark_keys", f"stage {sid}"):
+        return f"stage {sid} is not keyed by Spark (spark_keys)"
+    plain = [ks.step_id for ks in w.spec(sid).chain if ks.batch_fn is None]
+    if plain:
+        return (
+            f"step {plain[0]!r} is not a function of its state (stateful_map): a key's first values need not "
+            "give its first emits"
+        )
+    return None
+
+
 def check_aggregate_sample(w: Work, step: str) -> Optional[str]:
     """`aggregate_sample`: a sampled sink fed by a Spark aggregate takes the check job's first rows."""
     return _aggregate_sink(w, step, "schema_sampling")

@@ -217,6 +217,7 @@ CASES = [
     ("one_step", "stage 1", "timed_parquet_stream"),
     ("native_reduction", "stage 1", "reduce"),
     ("long_sums", "stage 1", "aggregated"),
+    ("prefix_sample", "sink sampled.out", "sampled"),
     ("aggregate_sample", "sink aggregated.out", "aggregated"),
     ("native_rows", "sink aggregated.out", "aggregated"),
     ("concurrent_sinks", "query", "two_sinks"),
@@ -575,8 +576,8 @@ def test_values_driver_drives_notifications_and_eof_as_the_reference_and_needs_o
 
     plan, _ = physical_plans(compile_flow(_notify_rows(TestingSource(EVENTS), [])), spark)
     assert str(plan.decision("values_driver", "stage 1")) == (
-        "rule values_driver: not applied (step 'notify.st.stateful_batch' may ask for notifications, which fire between the "
-        "activations its values' sequences tell apart (spark_keys did not apply))"
+        "rule values_driver: not applied (step 'notify.st.stateful_batch' may ask for notifications, which fire "
+        "between the activations its values' sequences tell apart (spark_keys did not apply))"
     )
     got: list[Any] = []
     run(_notify_rows(TestingSource(EVENTS), got), spark=spark, start_time=_T0)
@@ -584,3 +585,55 @@ def test_values_driver_drives_notifications_and_eof_as_the_reference_and_needs_o
     run_main(_notify_rows(TestingSource(EVENTS), ref), clock="fixed", start_time=_T0)
     assert sorted(map(repr, got)) == sorted(map(repr, ref))
     assert sum(1 for r in ref if r["x"].startswith("notified after")) > 5  # between values, not only at the end
+
+
+def _running(state, v):
+    n = (state or 0) + 1
+    return n, (n, v)
+
+
+def _running_rows(src: Any, out: Any) -> Dataflow:
+    flow = Dataflow("running")
+    keyed = op.key_on("key", op.input("inp", flow, src), _user)
+    counts = op.stateful_map("count", op.map_value("v", keyed, _v), _running)
+    rows = op.map("row", counts, lambda kv: {"user": kv[0], "n": kv[1][0], "v": kv[1][1]})
+    op.output("out", rows, TestingSink(out) if isinstance(out, list) else SparkSink("parquet", out))
+    return flow
+
+
+def test_prefix_sample_infers_the_schema_from_output_items_of_the_first_rows(runs, tmp_path, monkeypatch):
+    """10,000 rows in two files: the sample is real output items (each key's first counts), read by a limit."""
+    import flowspark.spark.batch as batch_lowering
+
+    spark = runs.spark
+    events = [{"user": f"u{i % 97}", "v": i} for i in range(10_000)]
+    src = str(tmp_path / "in")
+    for half in range(2):
+        part = events[half * 5000 : (half + 1) * 5000]
+        spark.createDataFrame(part, "user STRING, v LONG").coalesce(1).write.mode("append").parquet(src)
+    samples: list[Any] = []
+
+    def recording(*args: Any) -> Any:
+        got = batch_lowering_prefix_sample(*args)
+        samples.append(got)
+        return got
+
+    batch_lowering_prefix_sample = batch_lowering.prefix_sample
+    monkeypatch.setattr(batch_lowering, "prefix_sample", recording)
+    ref: list[Any] = []
+    run_main(_running_rows(TestingSource(events), ref))
+    want = sorted((r["user"], r["n"], r["v"]) for r in ref)
+    outputs = {}
+    for rules in ("all", "-prefix_sample", "none"):
+        out = str(tmp_path / f"out_{rules.strip('-')}")
+        plan, _ = physical_plans(compile_flow(_running_rows(SparkSource("parquet", src), out)), spark, rules=rules)
+        assert plan.decision("prefix_sample", "sink running.out").applied == (rules == "all")
+        run(_running_rows(SparkSource("parquet", src), out), spark=spark, rules=rules)
+        outputs[rules] = sorted((r.user, r.n, r.v) for r in spark.read.parquet(out).collect())
+        assert dict(spark.read.parquet(out).dtypes) == {"user": "string", "n": "bigint", "v": "bigint"}
+    assert outputs["all"] == outputs["-prefix_sample"] == outputs["none"] == want
+    assert len(samples) == 1, "the rule's sampling runs once, with the rule on"
+    assert samples[0] is not None, "the first rows gave the sample (no fallback)"
+    assert len(samples[0]) == 100
+    reference = {(r["user"], r["n"], r["v"]) for r in ref}
+    assert all((x["user"], x["n"], x["v"]) in reference for x in samples[0]), "sampled items are output items"
