@@ -173,21 +173,29 @@ def _check_one_step(w: _Work, sid: int) -> Optional[str]:
 
 
 def _check_values(w: _Work, sid: int) -> Optional[str]:
-    if w.env.target == "streaming" and not w.applied("one_step", f"stage {sid}"):
-        return "one_step did not apply"
-    if len(w.spec(sid).chain) != 1:
-        return "the stage chains several steps"
-    if w.applied("native_reduction", f"stage {sid}"):
+    spec = w.spec(sid)
+    if w.env.target == "streaming":
+        if not w.applied("one_step", f"stage {sid}"):
+            return "one_step did not apply"
+    elif w.applied("native_reduction", f"stage {sid}"):
         return "native_reduction applies (Spark aggregates the stage)"
-    step = w.spec(sid).chain[0]
-    if w.env.target == "batch" and step.notifies and not w.applied("spark_keys", f"stage {sid}"):
-        # Due notifications fire between a key's activations, which the values' sequences tell
-        # apart; a SparkSource's rows are one activation (what spark_keys reads).
-        return (
-            f"step {step.step_id!r} may ask for notifications, which fire between the activations its values' "
-            "sequences tell apart (spark_keys did not apply)"
-        )
-    if "sink_fusion" not in w.spec(sid).modes:
+    else:
+        notifying = [ks.step_id for ks in spec.chain if ks.notifies]
+        if notifying and len(spec.chain) > 1:
+            return f"step {notifying[0]!r} may ask for notifications, in a chain of several steps"
+        if notifying and not w.applied("spark_keys", f"stage {sid}"):
+            # Due notifications fire between a key's activations, which the values' sequences tell
+            # apart; a SparkSource's rows are one activation (what spark_keys reads).
+            return (
+                f"step {notifying[0]!r} may ask for notifications, which fire between the activations its values' "
+                "sequences tell apart (spark_keys did not apply)"
+            )
+        if "sink_fusion" not in spec.modes and not spec.chain[-1].eof_only:
+            return (
+                "the stage's emits need sequences: it does not write a sink's rows (sink_fusion) and its last step "
+                "emits before end of input"
+            )
+    if w.env.target == "streaming" and "sink_fusion" not in spec.modes:
         return "the stage does not write a sink's rows (sink_fusion)"
     if w.plan.dead_letter is not None:
         return "the run has a dead letter (its entries carry sequences)"
@@ -624,8 +632,9 @@ RULES: tuple[Rule, ...] = (
         "stage",
         _BOTH,
         False,
-        "a keyed stage of one stateful step (in a streaming query: one_step) writing a sink's rows, without a "
-        "dead letter, drives each key's values without tags (nothing reads their sequences)",
+        "a keyed stage whose values' sequences nobody reads drives each key's values as plain lists, without a "
+        "dead letter: in a streaming query one_step writing a sink's rows; in a batch job a stage writing a sink's "
+        "rows or whose last step emits only at end of input, its steps not notifying (or one step keyed by Spark)",
         _check_values,
         _mode("values_driver"),
     ),

@@ -508,6 +508,7 @@ def stage_function(
     column_key: bool = False,
     sink: Optional[tuple[str, RowSchema]] = None,
     sample: Optional[tuple[int, int]] = None,
+    sequences: bool = True,
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """Build the function `mapInArrow` calls for one stage.
 
@@ -523,6 +524,8 @@ def stage_function(
             rows (dict items as typed columns) instead of `(p, k, seq, v)` rows.
         sample: `(port, n)`: emit only the pickled items (column `v`) of that port, and
             stop once `n` were emitted (the task ends without reading the rest of its input).
+        sequences: `False`: nobody reads the port rows' sequences (the sampling job reads the
+            items); a stage driven on values (`values_driver`) then gives them empty ones.
 
     Returns:
         A function from an iterator of `pyarrow.RecordBatch` to one of output batches
@@ -530,7 +533,7 @@ def stage_function(
         sink's columns, or `v` alone with `sample`.
     """
     if sample is not None:
-        return _sampler(stage_function(spec, now, out_batch_rows, column_key), *sample)
+        return _sampler(stage_function(spec, now, out_batch_rows, column_key, sequences=False), *sample)
 
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
@@ -563,8 +566,8 @@ def stage_function(
         # The rule `mapper_line`: the stage's steps are one line of one-to-one mappers.
         line = spec.one_to_one_mappers() if sink is not None and "mapper_line" in spec.modes else None
 
-        # The rule `values_driver`: the keyed stage's items come without sequences (`_value_items`).
-        values = sink is not None and "values_driver" in spec.modes
+        # The rule `values_driver`: the keyed stage's values go to its steps as plain lists (`_value_items`).
+        values = "values_driver" in spec.modes
 
         def sink_batch(items: list[Any]) -> Any:
             assert sink is not None
@@ -582,7 +585,7 @@ def stage_function(
         try:
             with use_clock(lambda: now), no_gc():
                 stage_items: Iterator[list[Any]] = (
-                    _value_items(spec, batches, now, out_batch_rows, column_key)
+                    _value_items(spec, batches, now, out_batch_rows, column_key, None if sink else sequences)
                     if values
                     else _stage_items(
                         spec, batches, now, partition_id, out_batch_rows, column_key, dead, ordered=sink is None
@@ -694,24 +697,42 @@ def _stage_items(
 
 
 def _value_items(
-    spec: StageSpec, batches: Iterator[Any], now: datetime, out_rows: int, column_key: bool
-) -> Iterator[list[tuple[str, Any]]]:
-    """The chain's `(key, emit)` items of a keyed stage of one step, driven on values alone (the rule `values_driver`).
+    spec: StageSpec,
+    batches: Iterator[Any],
+    now: datetime,
+    out_rows: int,
+    column_key: bool,
+    tags: Optional[bool],
+) -> Iterator[list[Any]]:
+    """The chain's emits of a keyed stage driven on values alone (the rule `values_driver`).
 
-    The same items in the same order as `_stage_items` with `ordered=False`, without their
-    (empty) sequences: each key's values go to `StepDriver.drive_values`, then its end of input.
+    Each key's values go through each step in turn as a plain list (`StepDriver.drive_values`
+    with the key's end of input): the same emits in the same order as `drive_chain` when no
+    step reads its values' sequences (none notifies, or one step gets a `SparkSource`'s rows,
+    one activation). `tags=None` (a stage writing a sink's rows): the items are `(key, emit)`;
+    `False` (a sampling job, which reads the items alone): `(b"", (key, emit))`; `True` (a
+    stage whose last step emits only at end of input): `(sequence, (key, emit))` with the
+    end-of-input sequences `drive_chain` gives them.
     """
-    (driver,) = stage_drivers(spec)
+    drivers = stage_drivers(spec)
     runs = (
         column_key_runs(spec, batches, values_only=True)
         if column_key
         else _key_runs(batches, spec.input_value_only, values_only=True)
     )
-    pending: list[tuple[str, Any]] = []
+    level = drivers[-1].level
+    pending: list[Any] = []
     for key, values in runs:
-        ws, _logic = driver.drive_values(key, values, None, now, eof=True)
-        if ws:
-            pending.extend(zip(itertools.repeat(key), ws))
+        for d in drivers:
+            values, _logic = d.drive_values(key, values, None, now, eof=True)
+        if values:
+            if tags is None:
+                pending.extend(zip(itertools.repeat(key), values))
+            elif tags:
+                tag = eof_tag(level, key)
+                pending.extend([(tag + idx(EOF_BASE + j), (key, w)) for j, w in enumerate(values)])
+            else:
+                pending.extend([(b"", (key, w)) for w in values])
             if len(pending) >= out_rows:
                 yield pending
                 pending = []

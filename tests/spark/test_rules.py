@@ -233,6 +233,7 @@ CASES = [
     ("flat_driver", "stage 1", "python_stream"),
     ("values_driver", "stage 1", "columns"),
     ("values_driver", "stage 1", "rows"),
+    ("values_driver", "stage 1", "eof"),
     ("values_driver", "stage 1", "timed_parquet_stream"),
     ("ordered_source", "stage 1", "python_stream"),
     ("file_order", "stage 1", "parquet_stream"),

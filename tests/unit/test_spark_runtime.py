@@ -846,7 +846,7 @@ class _Halts(CountingTimer):
 
 @pytest.mark.parametrize("cls", [Sum, CountingTimer, _Halts, Burst])
 def test_drive_values_gives_drives_untagged_emits_and_logic(cls):
-    """`StepDriver.drive_values` against `drive` with empty tags, for new and rebuilt logics, due or not, with EOF or not."""
+    """`StepDriver.drive_values` against `drive` with empty tags: new and rebuilt logics, due or not, EOF or not."""
     from flowspark.runtime.driver import UNKNOWN, StepDriver
 
     driver = StepDriver("f.st", stateful_builder(cls))
@@ -938,3 +938,47 @@ def test_the_state_processors_unpickle_where_flowspark_cannot_be_imported(tmp_pa
         # The first call loads the rest: here, where flowspark is importable, it does.
         loaded = pickle.loads(path.read_bytes())  # noqa: S301 - the test's own pickle
         assert hasattr(loaded, "handleInputRows")
+
+
+def _count_then_total(items):
+    """`stateful_map` running count, then `fold_final` of `(count, value)` pairs: no step notifies."""
+    flow = Dataflow("vd")
+    keyed = op.key_on("key", op.input("inp", flow, TestingSource(items)), lambda x: x["user"])
+    counts = op.stateful_map("count", op.map_value("v", keyed, lambda x: x["v"]), lambda s, v: ((s or 0) + 1,) * 2)
+    totals = op.fold_final("total", counts, list, lambda acc, n: [*acc, n])
+    op.output("out", op.map("row", totals, lambda kv: (kv[0], len(kv[1]))), TestingSink([]))
+    return flow
+
+
+@pytest.mark.parametrize("sequences", [True, False])
+def test_a_stage_driven_on_values_gives_the_chains_port_rows(sequences):
+    """`values_driver` in a batch keyed stage writing port rows: the same `(p, k, seq, v)` rows as the chain path.
+
+    Its last step emits only at end of input, so its rows' sequences are the end-of-input ones;
+    the sampling job (`sequences=False`) reads the items alone.
+    """
+    import pyarrow as pa
+
+    from flowspark.spark.worker import stage_function
+
+    plan = optimize(compile_flow(_count_then_total([{"user": "a", "v": 1}])), Env("batch"))
+    assert plan.decision("values_driver", "stage 1").applied
+    spec = plan.stages[1].spec
+    rows = [(k, s, v) for k in ("a", "b", "c") for s, v in zip(seqs(5000 if k == "b" else 3), itertools.count())]
+    value = (lambda k, v: v) if spec.input_value_only else (lambda k, v: (k, v))
+    batch = pa.RecordBatch.from_arrays(
+        [
+            pa.array([k for k, _s, _v in rows], pa.string()),
+            pa.array([s for _k, s, _v in rows], pa.binary()),
+            pa.array([dumps(value(k, v)) for k, _s, v in rows], pa.binary()),
+        ],
+        names=["k", "seq", "v"],
+    )
+    out = {}
+    for values in (True, False):
+        modes = spec.modes if values else spec.modes - {"values_driver"}
+        fn = stage_function(dataclasses.replace(spec, modes=modes), T0, out_batch_rows=2, sequences=sequences)
+        got = pa.Table.from_batches(list(fn(iter([batch.slice(0, 4), batch.slice(4)])))).to_pylist()
+        out[values] = [(r["p"], r["k"], r["seq"] if sequences else None, loads(r["v"])) for r in got]
+    assert out[True] == out[False]
+    assert [x[3] for x in out[True]] == [("a", 3), ("b", 5000), ("c", 3)]
