@@ -70,6 +70,7 @@ __all__ = [
     "bad_item_error",
     "drive_chain",
     "drive_states",
+    "eof_emits",
     "eof_tag",
     "idx",
     "key_tag",
@@ -168,6 +169,12 @@ def eof_tag(level: int, key: str) -> bytes:
         A tag above every tag the step's input can carry, ordered by key.
     """
     return _PACK_Q(EOF_HEADER + level) + key_tag(key)
+
+
+def eof_emits(level: int, key: str, ws: Iterable[Any]) -> Emits:
+    """A key's end-of-key emits `ws` with their tags: `eof_tag(level, key)`, then their index from `EOF_BASE`."""
+    tag = eof_tag(level, key)
+    return [(tag + idx(EOF_BASE + j), w) for j, w in enumerate(ws)]
 
 
 def bad_item_error(step_id: str, kv: Any) -> FlowsparkTypeError:
@@ -711,7 +718,7 @@ class StepDriver:
         # Emits sort by (activation, key, then as their values): see `regroup`.
         mid = key_tag(key) if self.regroup and items and items[0][0] else b""
         if logic is not None and not wants_notify(logic):
-            return self._drive_plain(key, items, logic, eof, mid, tags)
+            return self._drive_plain(key, items, logic, now, eof, mid, tags)
         out: Emits = []
         # One activation at a time (the values sharing their tag's activation header; a
         # runtime without tags hands one activation): the notifications due by now fire
@@ -741,15 +748,21 @@ class StepDriver:
             if discard:
                 logic = None
         if eof and logic is not None:
-            tag = eof_tag(self.level, key)
-            logic, ws = self.fire_due(key, logic, now)
-            if logic is not None:
-                more, discard = self.eof(key, logic)
-                ws.extend(more)
-                if discard:
-                    logic = None
-            out.extend([(tag + idx(EOF_BASE + n), w) for n, w in enumerate(ws)])
+            logic, ws = self._end(key, logic, now)
+            out.extend(eof_emits(self.level, key, ws))
         return out, logic
+
+    def _end(self, key: str, logic: Any, now: datetime) -> tuple[Any, list[Any]]:
+        """A key's end of input: the notifications due by `now`, then `on_eof`: `(logic or None, emits)`."""
+        ws: list[Any] = []
+        if wants_notify(logic):
+            logic, ws = self.fire_due(key, logic, now)
+        if logic is not None:
+            more, discard = self.eof(key, logic)
+            ws.extend(more)
+            if discard:
+                logic = None
+        return logic, ws
 
     def drive_values(
         self, key: str, values: list[Any], logic: Any, now: datetime, due: Any = UNKNOWN, eof: bool = False
@@ -775,14 +788,7 @@ class StepDriver:
         out, logic = self._values(key, values, logic, now, due)
         if logic is None:
             return out, None
-        ws: list[Any] = []
-        if wants_notify(logic):
-            logic, ws = self.fire_due(key, logic, now)
-        if logic is not None:
-            more, discard = self.eof(key, logic)
-            ws.extend(more)
-            if discard:
-                logic = None
+        logic, ws = self._end(key, logic, now)
         if ws:
             out = out + ws if out else ws
         return out, logic
@@ -824,7 +830,7 @@ class StepDriver:
         return out, logic
 
     def _drive_plain(
-        self, key: str, items: list[tuple[bytes, Any]], logic: Any, eof: bool, mid: bytes, tags: bool
+        self, key: str, items: list[tuple[bytes, Any]], logic: Any, now: datetime, eof: bool, mid: bytes, tags: bool
     ) -> tuple[Emits, Any]:
         """`drive` for a logic without notifications: the values in large batches, then `on_eof`.
 
@@ -842,11 +848,8 @@ class StepDriver:
             if discard:
                 logic = None
         if eof and logic is not None:
-            tag = eof_tag(self.level, key)
-            ws, discard = self.eof(key, logic)
-            out.extend([(tag + idx(EOF_BASE + j), w) for j, w in enumerate(ws)])
-            if discard:
-                logic = None
+            logic, ws = self._end(key, logic, now)
+            out.extend(eof_emits(self.level, key, ws))
         return out, logic
 
 

@@ -20,6 +20,8 @@ __all__ = [
     "head_sample",
     "in_sequence",
     "port_rows",
+    "prefix_sample",
+    "sampled_items",
     "seq_column",
     "stage_inputs",
     "union_all",
@@ -158,6 +160,16 @@ def in_sequence(table: Any) -> Any:
 _PARTITION_1 = 1 << 33
 
 
+def sampled_items(
+    fn: Callable[[Iterator[Any]], Iterator[Any]], batches: list[Any], action: Callable[[Callable[[], Any]], Any]
+) -> list[Any]:
+    """The items the sampling function `fn` gives for `batches` (the stage's input, run at the driver)."""
+    from flowspark.spark.codec import loads
+
+    out = action(lambda: list(fn(iter(batches))))
+    return [loads(v) for b in out for v in b.column(0).to_pylist()]
+
+
 def prefix_sample(
     positioned: Any,
     key: str,
@@ -189,8 +201,6 @@ def prefix_sample(
     """
     import pyarrow.compute as pc
 
-    from flowspark.spark.codec import loads
-
     for take in SAMPLE_ROWS:
         table = action(lambda t=take: positioned.limit(t).toArrow())  # type: ignore[misc]  # bound at definition
         if table.num_rows < take:
@@ -200,9 +210,7 @@ def prefix_sample(
         ids = table.column(ID_COLUMN)
         if not m or pc.min(ids).as_py() != 0 or pc.max(ids).as_py() != m - 1 or table.column(key).null_count:
             return None
-        batches = table.sort_by([(key, "ascending"), (ID_COLUMN, "ascending")]).to_batches()
-        out = action(lambda bs=batches: list(fn(iter(bs))))  # type: ignore[misc]  # bound at definition
-        got = [loads(v) for b in out for v in b.column(0).to_pylist()]
+        got = sampled_items(fn, table.sort_by([(key, "ascending"), (ID_COLUMN, "ascending")]).to_batches(), action)
         if len(got) >= n:
             return got[:n]
     return None
@@ -240,13 +248,8 @@ def head_sample(
     """
     import pyarrow.compute as pc
 
-    from flowspark.spark.codec import loads
-
     def first(take: int) -> Any:
         return ordered.limit(take).toArrow()
-
-    def run(batches: list[Any]) -> list[Any]:
-        return list(fn(iter(batches)))
 
     for take in SAMPLE_ROWS:
         table = action(lambda t=take: first(t))  # type: ignore[misc]  # bound at definition
@@ -256,9 +259,7 @@ def head_sample(
         whole = table.num_rows < take  # all of partition 0: every key complete
         if not whole:  # the last key's rows may be cut: drop them
             table = table.filter(pc.not_equal(keys, keys[table.num_rows - 1]))
-        batches = table.to_batches()
-        out = action(lambda bs=batches: run(bs))  # type: ignore[misc]  # bound at definition
-        got = [loads(v) for b in out for v in b.column(0).to_pylist()]
+        got = sampled_items(fn, table.to_batches(), action)
         if len(got) >= n or whole:
             return got[:n] if len(got) >= n else None
     return None

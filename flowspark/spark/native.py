@@ -30,6 +30,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
+from flowspark.spark.columns import sampled_items
 from flowspark.spark.plan import Aggregate, Plan, StagePlan
 
 __all__ = ["SAMPLE_ROWS", "Aggregates", "describe_aggregate", "pair_rows", "python_pass", "sample_first_rows"]
@@ -107,16 +108,9 @@ def sample_first_rows(
         The items, or `None` when a partition's kept rows give too few items and it has more
         rows (they could give the missing items: the sampling job then runs).
     """
-    from flowspark.spark.codec import loads
-
     got: list[Any] = []
     for batch, more in first:
-
-        def run(b: Any = batch) -> list[Any]:
-            return list(fn(iter([b])))
-
-        out = action(run)
-        got.extend(loads(v) for ob in out for v in ob.column(0).to_pylist())
+        got.extend(sampled_items(fn, [batch], action))
         if len(got) >= n:
             return got[:n]
         if more:

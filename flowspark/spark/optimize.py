@@ -177,6 +177,8 @@ def _check_values(w: _Work, sid: int) -> Optional[str]:
     if w.env.target == "streaming":
         if not w.applied("one_step", f"stage {sid}"):
             return "one_step did not apply"
+        if "sink_fusion" not in spec.modes:
+            return "the stage does not write a sink's rows (sink_fusion)"
     elif w.applied("native_reduction", f"stage {sid}"):
         return "native_reduction applies (Spark aggregates the stage)"
     else:
@@ -195,8 +197,6 @@ def _check_values(w: _Work, sid: int) -> Optional[str]:
                 "the stage's emits need sequences: it does not write a sink's rows (sink_fusion) and its last step "
                 "emits before end of input"
             )
-    if w.env.target == "streaming" and "sink_fusion" not in spec.modes:
-        return "the stage does not write a sink's rows (sink_fusion)"
     if w.plan.dead_letter is not None:
         return "the run has a dead letter (its entries carry sequences)"
     if w.env.routed:

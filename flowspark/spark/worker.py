@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from flowspark._time import use_clock
 from flowspark.deadletter import record as dead_record
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
-from flowspark.runtime.driver import EOF_BASE, StepDriver, drive_chain, eof_tag, idx
+from flowspark.runtime.driver import EOF_BASE, StepDriver, drive_chain, eof_emits, eof_tag, idx
 from flowspark.spark.codec import (
     dumps,
     dumps_all,
@@ -726,13 +726,13 @@ def _value_items(
         for d in drivers:
             values, _logic = d.drive_values(key, values, None, now, eof=True)
         if values:
+            items = zip(itertools.repeat(key), values)
             if tags is None:
-                pending.extend(zip(itertools.repeat(key), values))
+                pending.extend(items)
             elif tags:
-                tag = eof_tag(level, key)
-                pending.extend([(tag + idx(EOF_BASE + j), (key, w)) for j, w in enumerate(values)])
+                pending.extend(eof_emits(level, key, items))
             else:
-                pending.extend([(b"", (key, w)) for w in values])
+                pending.extend(zip(itertools.repeat(b""), items))
             if len(pending) >= out_rows:
                 yield pending
                 pending = []
