@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, Callable, Optional, Union
 
 
@@ -194,6 +195,34 @@ class Redistribute:
 
 
 @dataclass(frozen=True)
+class WindowCount:
+    """A window step that counts each key's values per window (`StatefulBatch.window_count`).
+
+    Set by `count_window`, and by `fold_window` with the builder and folder of a count
+    (`flowspark.reducers.zero` / `count`), for an `EventClock` with tumbling or sliding windows.
+    The step emits, per key, `(0, window_id, n)` then `(2, window_id, WindowMetadata)` for
+    each window when it closes (the events `WindowOut` splits), where `n` counts the key's
+    values that were not late. A value's windows are `range((d - length) // offset + 1,
+    d // offset + 1)` with `d = ts - align_to` (tumbling: `offset == length`). A value is
+    late (emitted on the stream `late` instead) when, at its arrival, the watermark is past
+    its timestamp; with the step's time fixed (the Spark batch runtime) the watermark is the
+    largest `ts - wait` of the key's earlier values.
+
+    `ts_column`: the column `ts_getter` is proven to read (`flowspark._keyfn.column_of`), or
+    `None`. `default_now`: the clock reads the system time (`utc_now`, no `now_getter` of
+    its own).
+    """
+
+    ts_column: Optional[str]
+    default_now: bool
+    wait: timedelta
+    length: timedelta
+    offset: timedelta
+    align_to: datetime
+    late: str
+
+
+@dataclass(frozen=True)
 class StatefulBatch:
     """Keyed state: `builder(resume_state | None) -> StatefulBatchLogic` per key.
 
@@ -219,6 +248,9 @@ class StatefulBatch:
     (`reduce_final` with `operator.add`, `max` or `min`; `count_final`; `max_final` / `min_final`
     without `by`; `fold_final` with `flowspark.reducers`). A runtime may then compute it as an
     aggregate instead of driving the logic (the builder stays the reference).
+
+    `window_count`: the step is a count per window (`WindowCount`); a runtime may compute it
+    as an aggregate per key and window (the builder stays the reference).
     """
 
     step_id: str
@@ -229,6 +261,7 @@ class StatefulBatch:
     eof_only: bool = False
     batch_fn: Optional[Callable[[Any, list[Any]], tuple[Any, list[Any]]]] = None
     reduction: Optional[str] = None
+    window_count: Optional[WindowCount] = None
 
     @property
     def ups(self) -> tuple[str, ...]:

@@ -37,10 +37,12 @@ from typing import Any, Callable, Generic, Optional, TypeVar
 from typing_extensions import Self, override
 
 import flowspark.operators as op
-from flowspark import _time
+from flowspark import _time, reducers
+from flowspark._keyfn import column_of
 from flowspark._time import utc_now
 from flowspark.dataflow import KeyedStream, Stream, operator
 from flowspark.errors import FlowsparkBuildError, FlowsparkTypeError
+from flowspark.ir import WindowCount
 from flowspark.operators import JoinEmitMode, JoinInsertMode, StatefulBatchLogic
 
 V = TypeVar("V")
@@ -945,10 +947,50 @@ def _unwrapper(tag: int) -> Callable[[list[Any]], list[Any]]:
     return unwrap
 
 
-def _split(events: KeyedStream[Any]) -> WindowOut[Any, Any]:
+def closed_window_events(facts: WindowCount, wid: int, n: int) -> tuple[tuple[int, int, Any], tuple[int, int, Any]]:
+    """The events a window count (`ir.WindowCount`) emits when window `wid` closes with count `n`.
+
+    For a runtime that computes the counts itself (the Spark batch aggregate): the value
+    `(wid, n)` for `down`, then the window's `WindowMetadata` for `meta`, as the step emits them.
+
+    Args:
+        facts: The step's window count.
+        wid: The window id.
+        n: The number of its values on time.
+
+    Returns:
+        The two events.
+    """
+    opened = facts.align_to + facts.offset * wid
+    return (_E, wid, n), (_M, wid, WindowMetadata(opened, opened + facts.length))
+
+
+def _split(
+    events: KeyedStream[Any], counts: Optional[tuple[Clock[Any, Any], Windower[Any]]] = None
+) -> WindowOut[Any, Any]:
+    """The three streams of a window step's events.
+
+    `counts`: the step counts values per window with this clock and windower (`count_window`,
+    `fold_window` with a count's builder and folder); the IR says so (`ir.WindowCount`) when it
+    is an `EventClock` with tumbling or sliding windows.
+    """
     down = op.flat_map_batch("unwrap_down", events, _unwrapper(_E))
     late = op.flat_map_batch("unwrap_late", events, _unwrapper(_L))
     meta = op.flat_map_batch("unwrap_meta", events, _unwrapper(_M))
+    if counts is not None and _fast_fold_ok(*counts):
+        clock, windower = counts
+        assert isinstance(clock, EventClock)
+        assert isinstance(windower, (TumblingWindower, SlidingWindower))
+        facts = WindowCount(
+            column_of(clock.ts_getter),
+            clock.now_getter is utc_now,
+            clock.wait_for_system_duration,
+            windower.length,
+            windower.offset if isinstance(windower, SlidingWindower) else windower.length,
+            windower.align_to,
+            late.stream_id,
+        )
+        op._declare(events, window_count=facts)
     return WindowOut(down, late, meta)
 
 
@@ -1448,7 +1490,8 @@ def fold_window(
     _check_common(step_id, up, clock, windower)
     for name, fn in (("builder", builder), ("folder", folder), ("merger", merger)):
         _check_callable(step_id, name, fn)
-    return _split(_fold_events(step_id, up, clock, windower, builder, folder, merger, ordered))
+    counts = (clock, windower) if builder is reducers.zero and folder is reducers.count else None
+    return _split(_fold_events(step_id, up, clock, windower, builder, folder, merger, ordered), counts)
 
 
 def _list_folder(s: list[Any], v: Any) -> list[Any]:
@@ -1594,7 +1637,7 @@ def count_window(
     _check_common(step_id, up, clock, windower)
     _check_callable(step_id, "key", key)
     keyed = op.key_on("keyed", up, key)
-    return _split(_fold_events(step_id, keyed, clock, windower, _zero, _count_folder, _add, False))
+    return _split(_fold_events(step_id, keyed, clock, windower, _zero, _count_folder, _add, False), (clock, windower))
 
 
 def _none() -> Any:

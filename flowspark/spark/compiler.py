@@ -313,6 +313,7 @@ class _Compiler:
                 eof_only=node.eof_only,
                 batch_fn=node.batch_fn,
                 reduction=node.reduction,
+                window_count=node.window_count,
             )
         )
         b.entry = node.down

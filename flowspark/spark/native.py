@@ -27,15 +27,28 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import struct
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
 
+from flowspark.ir import WindowCount
+from flowspark.runtime.driver import EOF_BASE, eof_tag, idx
 from flowspark.spark.columns import sampled_items
-from flowspark.spark.plan import Aggregate, Plan, StagePlan
+from flowspark.spark.plan import Aggregate, Plan, StagePlan, StageSpec
 
-__all__ = ["SAMPLE_ROWS", "Aggregates", "describe_aggregate", "pair_rows", "python_pass", "sample_first_rows"]
+__all__ = [
+    "SAMPLE_ROWS",
+    "Aggregates",
+    "aggregated_items",
+    "describe_aggregate",
+    "pair_rows",
+    "python_pass",
+    "sample_first_rows",
+]
 
 _log = logging.getLogger("flowspark.spark")
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #: Rows of each partition of an aggregate the check job keeps for `aggregate_sample` (a sink infers from 100 items).
 SAMPLE_ROWS = 100
 
@@ -59,6 +72,14 @@ def describe_aggregate(agg: Aggregate) -> str:
     Returns:
         The text.
     """
+    if agg.window is not None:
+        w = agg.window
+        return (
+            f"the SparkSource DataFrame (stage {agg.source_stage}) -> late values ({w.ts_column!r} below the key's "
+            f"largest earlier {w.ts_column!r} - {w.wait}) left out by a window function over the rows' positions -> "
+            f"groupBy({agg.key!r}, window id (length {w.length}, every {w.offset})).agg(count(*)) -> mapInArrow over "
+            "one row per key and window (a null key or time: the Python pass instead)"
+        )
     what = "count(*)" if agg.reduction == "count" else f"{agg.reduction}({agg.value!r})"
     return (
         f"the SparkSource DataFrame (stage {agg.source_stage}) -> groupBy({agg.key!r}).agg({what}, with every "
@@ -153,16 +174,16 @@ class Aggregates:
         Args:
             plan: A physical plan.
         """
-        self.groups: dict[tuple[int, str], list[tuple[int, Aggregate]]] = {}
+        self.groups: dict[tuple[int, str, Optional[WindowCount]], list[tuple[int, Aggregate]]] = {}
         for st in plan.stages:
             agg = st.spec.native
             if agg is not None:
-                self.groups.setdefault((agg.source_stage, agg.key), []).append((st.spec.stage_id, agg))
+                self.groups.setdefault((agg.source_stage, agg.key, agg.window), []).append((st.spec.stage_id, agg))
         #: The stages whose integer sum is a `LONG` `try_sum` (the rule `long_sums`).
         self.long_sums = {st.spec.stage_id for st in plan.stages if "long_sums" in st.spec.modes}
         #: The stages a sink samples the first rows of (the rule `aggregate_sample`).
         self.sampled = {sk.port[0] for sk in plan.sinks if "aggregate_sample" in sk.modes}
-        self.built: dict[tuple[int, str], tuple[Any, set[int]]] = {}
+        self.built: dict[tuple[int, str, Optional[WindowCount]], tuple[Any, set[int]]] = {}
         #: Per stage: each partition's first rows `(k, v)` (an Arrow batch) and whether it has more.
         self.first: dict[int, list[tuple[Any, bool]]] = {}
 
@@ -178,15 +199,17 @@ class Aggregates:
                 (`flowspark plan`), assuming no null.
 
         Returns:
-            The DataFrame, or `None` when a null key or value sends the stage back to Python.
+            The DataFrame, or `None` when a null key or value sends the stage back to Python. A
+            window count's has a column `wid` between `k` and `v` (one row per key and window,
+            sorted by both in each partition).
         """
-        group = (agg.source_stage, agg.key)
+        group = (agg.source_stage, agg.key, agg.window)
         if group not in self.built:
             self.built[group] = self._build(self.groups[group], source, persisted if run else None, self.long_sums)
         df, refused = self.built[group]
         if sid in refused:
             return None
-        return df.selectExpr("k", f"r{sid} AS v")
+        return df.selectExpr("k", *(["wid"] if agg.window is not None else []), f"r{sid} AS v")
 
     def first_rows(self, sid: int) -> Optional[list[tuple[Any, bool]]]:
         """Stage `sid`'s input rows the check job kept (`aggregate_sample`): per partition, in order.
@@ -212,14 +235,20 @@ class Aggregates:
         from pyspark.sql import functions as F  # noqa: N812
 
         key = stages[0][1].key
-        exprs, nulls, longs = _aggregations(stages, {f.name: f.dataType for f in source.schema.fields}, long_sums)
-        df = source.groupBy(_col(key).alias("k")).agg(*[F.expr(e) for e in exprs])
+        window = stages[0][1].window
+        if window is not None:
+            df = _window_counts(source, key, window, [sid for sid, _a in stages])
+            nulls: list[int] = []
+            longs: list[int] = []
+        else:
+            exprs, nulls, longs = _aggregations(stages, {f.name: f.dataType for f in source.schema.fields}, long_sums)
+            df = source.groupBy(_col(key).alias("k")).agg(*[F.expr(e) for e in exprs])
         if persisted is None:
             return df, set()
         df = df.persist(StorageLevel.MEMORY_AND_DISK)
         persisted.append(df)
         sampled = [sid for sid, _a in stages if sid in self.sampled]
-        parts = _check(df, nulls, longs, [f"r{sid}" for sid in sampled])
+        parts = _check(df, nulls, longs, [f"r{sid}" for sid in sampled], window is not None)
         overflowed = {sid for sid in longs if any(p[f"o{sid}"] for p in parts)}
         if overflowed:
             # A key's sum left 64 bits: the group again, those sums as decimals (Python's exact result).
@@ -227,13 +256,66 @@ class Aggregates:
             persisted.remove(df)
             df.unpersist()
             return self._build(stages, source, persisted, long_sums - overflowed)
-        if any(p["null_keys"] for p in parts):
+        if any(p["null_keys"] or p.get("bad_times") for p in parts):
             return df, {sid for sid, _a in stages}
         refused = {sid for sid in nulls if any(p[f"n{sid}"] for p in parts)}
         for sid in sampled:
             if sid not in refused:
-                self.first[sid] = [(_first(p, sid), p["rows"] > SAMPLE_ROWS) for p in parts if len(p["first"])]
+                self.first[sid] = [
+                    (_first(p, sid, window is not None), p["rows"] > SAMPLE_ROWS) for p in parts if len(p["first"])
+                ]
         return df, refused
+
+
+#: Python's `datetime` range in microseconds since the epoch (0001-01-01 and 9999-12-31 23:59:59.999999 UTC).
+_PY_MIN_US = -62135596800000000
+_PY_MAX_US = 253402300799999999
+#: Two days: no time zone's wall clock is that far from UTC.
+_MARGIN_US = 2 * 86400 * 10**6
+
+
+def _window_counts(source: Any, key: str, window: WindowCount, sids: list[int]) -> Any:
+    """The counts per key and window of a window count (`Aggregate.window`): columns k, wid, r{sid}...
+
+    A value is late when its time is below the largest `time - wait` of the key's earlier values
+    (the watermark of `EventClock` when time does not pass, as in a batch job); the positions are
+    the Python pass's order of the rows (`monotonically_increasing_id`: partition, then row). A
+    null time, or one within two days (plus the wait) of the ends of Python's `datetime` range,
+    gets a null window id: the check job sends the group back to the Python pass, which gives
+    Python's result or error.
+    """
+    from pyspark.sql import functions as F  # noqa: N812
+
+    wait = window.wait // timedelta(microseconds=1)
+    length = window.length // timedelta(microseconds=1)
+    offset = window.offset // timedelta(microseconds=1)
+    align = (window.align_to - _EPOCH) // timedelta(microseconds=1)
+    low, high = _PY_MIN_US + wait + _MARGIN_US, _PY_MAX_US - _MARGIN_US
+    assert window.ts_column is not None
+    rows = source.select(
+        _col(key).alias("k"),
+        F.expr(f"unix_micros({_quoted(window.ts_column)})").alias("u"),
+        F.expr("monotonically_increasing_id()").alias("_p"),
+    ).selectExpr("k", "u", "_p", f"u IS NULL OR u < {low} OR u > {high} AS bad")
+    earlier = "ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING"
+    rows = rows.selectExpr(
+        "k",
+        "u",
+        "bad",
+        f"max(CASE WHEN NOT bad THEN u - {wait} END) OVER (PARTITION BY k ORDER BY _p {earlier}) AS wm",
+    )
+    x = f"(u - {align})"
+    if offset == length:
+        ids = f"array(({x} - pmod({x}, {length})) div {length})"
+    else:
+        hi = f"(({x} - pmod({x}, {offset})) div {offset})"
+        lo_x = f"({x} - {length})"
+        lo = f"(({lo_x} - pmod({lo_x}, {offset})) div {offset} + 1)"
+        ids = f"sequence({lo}, {hi})"
+    on_time = rows.where("bad OR wm IS NULL OR u >= wm")
+    wids = on_time.selectExpr("k", f"explode(CASE WHEN bad THEN array(CAST(NULL AS BIGINT)) ELSE {ids} END) AS wid")
+    counts = wids.groupBy("k", "wid").agg(*[F.expr(f"count(1) AS r{sid}") for sid in sids])
+    return counts.sortWithinPartitions("k", "wid")
 
 
 def _aggregations(
@@ -268,11 +350,12 @@ def _aggregations(
     return exprs, nulls, longs
 
 
-def _check(df: Any, nulls: list[int], longs: list[int], sampled: list[str]) -> list[dict[str, Any]]:
+def _check(df: Any, nulls: list[int], longs: list[int], sampled: list[str], windowed: bool) -> list[dict[str, Any]]:
     """The check job over a persisted aggregate: one summary per partition.
 
     Each has its rows, null keys, keys with a null value (`n{sid}`), overflowed `LONG` sums
-    (`o{sid}`) and, when `sampled` names columns, its first rows (`first`).
+    (`o{sid}`), for window counts (`windowed`) the rows of times Python would refuse
+    (`bad_times`: a null window id) and, when `sampled` names columns, its first rows (`first`).
 
     One Spark job, no Python pass: `monotonically_increasing_id()` is the partition id times
     2**33 plus the row's position in the partition, so a row's position is its low 33 bits.
@@ -284,10 +367,12 @@ def _check(df: Any, nulls: list[int], longs: list[int], sampled: list[str]) -> l
         "spark_partition_id() AS _part", f"monotonically_increasing_id() & {(1 << 33) - 1} AS _pos", "*"
     )
     checks = ["count(1) AS rows", "count(CASE WHEN k IS NULL THEN 1 END) AS null_keys"]
+    if windowed:
+        checks.append("count(CASE WHEN wid IS NULL THEN 1 END) AS bad_times")
     checks += [f"count(CASE WHEN n{sid} > 0 THEN 1 END) AS n{sid}" for sid in nulls]
     checks += [f"count(CASE WHEN r{sid} IS NULL AND n{sid} = 0 THEN 1 END) AS o{sid}" for sid in longs]
     if sampled:
-        kept = ", ".join(["_pos", "k", *sampled])
+        kept = ", ".join(["_pos", "k", *(["wid"] if windowed else []), *sampled])
         checks.append(f"sort_array(collect_list(CASE WHEN _pos < {SAMPLE_ROWS} THEN struct({kept}) END)) AS first")
     table = rows.groupBy("_part").agg(*[F.expr(c) for c in checks]).toArrow()
     out = []
@@ -300,9 +385,75 @@ def _check(df: Any, nulls: list[int], longs: list[int], sampled: list[str]) -> l
     return sorted(out, key=lambda r: r["_part"])
 
 
-def _first(part: dict[str, Any], sid: int) -> Any:
-    """Stage `sid`'s `(k, v)` input rows among a partition's first rows kept by `_check` (an Arrow batch)."""
+def _first(part: dict[str, Any], sid: int, windowed: bool) -> Any:
+    """Stage `sid`'s `(k, v)` (`(k, wid, v)`) input rows among a partition's first rows kept by `_check` (Arrow)."""
     import pyarrow as pa
 
     first = part["first"]
-    return pa.RecordBatch.from_arrays([first.field("k"), first.field(f"r{sid}")], names=["k", "v"])
+    names = ["k", "wid", "v"] if windowed else ["k", "v"]
+    cols = [first.field("k"), *([first.field("wid")] if windowed else []), first.field(f"r{sid}")]
+    return pa.RecordBatch.from_arrays(cols, names=names)
+
+
+def aggregated_items(
+    spec: StageSpec, batches: Iterator[Any], out_rows: int, ordered: bool
+) -> Iterator[list[tuple[bytes, Any]]]:
+    """The end-of-input emits of a stage Spark aggregated (the rule `native_reduction`): `(k, v)` rows, one per key.
+
+    Each emit is `(key, result)` with the sequence the per-key driver gives an end-of-input
+    emit (`eof_tag`); a sum computed as a decimal becomes a Python `int`. A window count's rows
+    are `(k, wid, n)` (`_window_events`).
+    """
+    import pyarrow as pa
+
+    agg = spec.native
+    assert agg is not None
+    if agg.window is not None:
+        yield from _window_events(agg, batches, out_rows, ordered)
+        return
+    tail = idx(EOF_BASE)
+    for b in batches:
+        if not b.num_rows:
+            continue
+        keys = b.column(0).to_pylist()
+        vs = b.column(1).to_pylist()
+        if pa.types.is_decimal(b.column(1).type):
+            vs = [None if v is None else int(v) for v in vs]
+        seqs = [eof_tag(agg.level, k) + tail for k in keys] if ordered else [b""] * len(keys)
+        items = list(zip(seqs, zip(keys, vs, strict=True), strict=True))
+        for start in range(0, len(items), out_rows):
+            yield items[start : start + out_rows]
+
+
+def _window_events(agg: Aggregate, batches: Iterator[Any], out_rows: int, ordered: bool) -> Iterator[list[Any]]:
+    """The events of a window count Spark aggregated: `(k, wid, n)` rows (sorted by key and window id in a partition).
+
+    Each window gives the window step's two events, `(0, wid, n)` then `(2, wid, WindowMetadata)`:
+    a key's windows close in window id order, on every runtime. They get end-of-input sequences
+    (`eof_tag`), then the window id and the event: the order across keys is not read (the rule's
+    precondition), a key's order is kept.
+    """
+    from flowspark.operators.windowing import closed_window_events
+
+    w = agg.window
+    assert w is not None
+    pending: list[Any] = []
+    last: Any = None
+    head = b""
+    for b in batches:
+        for k, wid, n in zip(*(b.column(c).to_pylist() for c in range(3)), strict=True):
+            down, meta = closed_window_events(w, wid, n)
+            if ordered:
+                if k != last:
+                    last, head = k, eof_tag(agg.level, k) + idx(EOF_BASE)
+                at = head + struct.pack(">Q", wid + (1 << 63))
+                pending.append((at + b"\0", (k, down)))
+                pending.append((at + b"\1", (k, meta)))
+            else:
+                pending.append((b"", (k, down)))
+                pending.append((b"", (k, meta)))
+            if len(pending) >= out_rows:
+                yield pending
+                pending = []
+    if pending:
+        yield pending

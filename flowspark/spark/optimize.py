@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from flowspark.ir import WindowCount
 from flowspark.spark.columns import ID_COLUMN
 from flowspark.spark.plan import Aggregate, ColumnKey, Decision, Plan, StageSpec
 from flowspark.spark.rulebook import Rule, Work
@@ -262,8 +263,10 @@ def _check_native(w: _Work, sid: int) -> Optional[str]:
     if w.plan.dead_letter is not None:
         return "the run has a dead letter"
     why = _column_refusal(w, agg.source_stage, agg.key)
-    if why is not None or agg.value is None:
-        return why
+    if why is not None or agg.window is not None:
+        return why or _window_refusal(w, sid, agg.source_stage, agg.window)
+    if agg.value is None:
+        return None
     cols = w.env.columns[agg.source_stage]
     kinds = [t for n, t in cols if n == agg.value]
     if len(kinds) != 1:
@@ -279,6 +282,20 @@ def _check_native(w: _Work, sid: int) -> Optional[str]:
             "run with float_reductions=True to accept that"
         )
     return f"column {agg.value!r} is {kind}: Spark's {red} of it is not proven to equal Python's"
+
+
+def _window_refusal(w: _Work, sid: int, source: int, window: Optional[WindowCount]) -> Optional[str]:
+    assert window is not None
+    assert window.ts_column is not None
+    if not w.applied("unordered_emits", f"stage {sid}"):
+        # The events of a key's windows keep their order; across keys they all come at the end.
+        return "the order of the stage's emits across keys is read (unordered_emits did not apply)"
+    kinds = [t for n, t in w.env.columns[source] if n == window.ts_column]
+    if len(kinds) != 1:
+        return f"the DataFrame has {len(kinds)} columns named {window.ts_column!r}"
+    if kinds[0] != "timestamp":
+        return f"the clock's column {window.ts_column!r} is {kinds[0]}, not timestamp (an instant)"
+    return None
 
 
 def _apply_native(w: _Work, sid: int) -> None:
@@ -500,8 +517,9 @@ RULES: tuple[Rule, ...] = (
         _BATCH,
         False,
         "a keyed stage that is one built-in reduction (count, sum, max, min) of a SparkSource's column keyed on a "
-        "column runs as groupBy(key).agg(...), several such stages of one source and key as one; a null key or "
-        "value falls back to the Python pass, for Python's result or error",
+        "column runs as groupBy(key).agg(...), several such stages of one source and key as one; a count per "
+        "event-time window (count_window) whose late values nobody reads, as groupBy(key, window id) over the "
+        "values on time; a null key, value or time falls back to the Python pass, for Python's result or error",
         _check_native,
         _apply_native,
     ),
@@ -723,6 +741,7 @@ def _physical(spec: StageSpec) -> StageSpec:
             batch_fn=ks.batch_fn if "bare_state" in modes else None,
             eof_only=ks.eof_only and "eof_only" in modes,
             reduction=ks.reduction if "native_reduction" in modes else None,
+            window_count=ks.window_count if "native_reduction" in modes else None,
         )
         for ks in spec.chain
     )

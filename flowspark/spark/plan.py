@@ -20,7 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable, Optional
+
+from flowspark.ir import WindowCount
+
+#: Python's datetime range, about: a window count with a longer wait or window runs in Python.
+_LONGEST = timedelta(days=3_652_059)
 
 #: The port of every stage's dead-letter rows (`flowspark.deadletter`): `v` holds a pickled
 #: record, `seq` the dead item's sequence. Stages have far fewer ports (and routes keep
@@ -80,9 +86,9 @@ class KeyedStep:
     `notifies`: the IR's `StatefulBatch.notifies` (whether a logic can ask for a
     notification). `regroup`: whether its emits' sequences carry the key (see
     `StepDriver`; the last step of a chain does, unless the rule `unordered_emits` applied).
-    `eof_only`, `batch_fn`, `reduction`: the IR's `StatefulBatch.eof_only`, `.batch_fn`, `.reduction`;
-    in a physical plan (`flowspark.spark.optimize`) they are kept only where the rules `eof_only`,
-    `bare_state` and `native_reduction` applied.
+    `eof_only`, `batch_fn`, `reduction`, `window_count`: the IR's `StatefulBatch.eof_only`,
+    `.batch_fn`, `.reduction`, `.window_count`; in a physical plan (`flowspark.spark.optimize`) they
+    are kept only where the rules `eof_only`, `bare_state` and `native_reduction` applied.
     """
 
     step_id: str
@@ -93,6 +99,7 @@ class KeyedStep:
     eof_only: bool = False
     batch_fn: Optional[Callable[[Any, list[Any]], tuple[Any, list[Any]]]] = None
     reduction: Optional[str] = None
+    window_count: Optional[WindowCount] = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,10 @@ class Aggregate:
     one `map_value` proven to read `row[value]`, for `count` only `map_value`s that cannot fail
     (`value` is `None`); redistributes anywhere. `level`: the step's `KeyedStep.level` (its
     end-of-input emits' sequences).
+
+    `window`: the step counts each key's values per window (`KeyedStep.window_count`, its
+    `ts_column` set): the aggregate is `groupBy(key, window id)` over the values that are not
+    late, and the stage's items are the step's events, one window after another.
     """
 
     key: str
@@ -113,6 +124,7 @@ class Aggregate:
     source_stage: int
     step_id: str
     level: int
+    window: Optional[WindowCount] = None
 
 
 @dataclass(frozen=True)
@@ -411,9 +423,14 @@ class Plan:
         st = self.stages[sid]
         chain = st.spec.chain
         step = chain[-1]
-        reduction = step.reduction
+        window = step.window_count
+        reduction = "count" if window is not None else step.reduction
         if len(chain) != 1 or reduction is None:
             return f"step {step.step_id!r} is not a built-in reduction (see flowspark.reducers)"
+        if window is not None:
+            why = self._window_refusal(window)
+            if why:
+                return f"step {step.step_id!r} counts per window, but {why}"
         if len(st.inputs) != 1:
             return "it reads several ports"
         src_id, port, _pad = st.inputs[0]
@@ -429,10 +446,32 @@ class Plan:
         odd = [o for o in later if o.kind != "map" or o.value_fn is None]
         if odd:
             return f"step {odd[0].step_id!r} after the key_on is not a map_value"
+        if window is not None:
+            if later:
+                return f"step {later[0].step_id!r} is between the key_on and the window count: the clock reads rows"
+            return Aggregate(ops[0].key_column, None, "count", src_id, step.step_id, step.level, window)
         value, why = _values_of(reduction, later)
         if why:
             return why
         return Aggregate(ops[0].key_column, value, reduction, src_id, step.step_id, step.level)
+
+    def _window_refusal(self, window: WindowCount) -> str:
+        """Why a window count is not one Spark can compute (`""`: it is)."""
+        if window.ts_column is None:
+            return "its EventClock's ts_getter is not proven to read a column (row[column])"
+        if not window.default_now:
+            return "its EventClock has a now_getter of its own"
+        longest = max(window.wait, window.length)
+        if longest > _LONGEST:
+            return f"a duration ({longest}) is longer than Python's datetime range"
+        readers = [o.step_id for st in self.stages for o in st.spec.ops if window.late in o.ups]
+        for st in self.stages:
+            for p, port in enumerate(st.spec.ports):
+                if port.stream == window.late:
+                    readers.extend(str(r) for r in self.readers((st.spec.stage_id, p)))
+        if readers:
+            return f"its late values are read (by {readers[0]}); Spark counts only the values on time"
+        return ""
 
     def keyed_steps(self) -> list[KeyedStep]:
         """Every stateful step of the plan, stage by stage.

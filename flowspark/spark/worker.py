@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from flowspark._time import use_clock
 from flowspark.deadletter import record as dead_record
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
-from flowspark.runtime.driver import EOF_BASE, StepDriver, drive_chain, eof_emits, eof_tag, idx
+from flowspark.runtime.driver import StepDriver, drive_chain, eof_emits
 from flowspark.spark.codec import (
     dumps,
     dumps_all,
@@ -34,6 +34,7 @@ from flowspark.spark.codec import (
     read_head,
     source_items,
 )
+from flowspark.spark.native import aggregated_items
 from flowspark.spark.ops import Dead, apply_ops, checked_keys, screen_keyed, stage_streams, through
 from flowspark.spark.plan import DEAD_PORT, Op, StageSpec
 from flowspark.spark.times import arrow_rows
@@ -652,7 +653,7 @@ def _stage_items(
     """
     src = spec.source
     if "native_reduction" in spec.modes:
-        yield from _aggregated_items(spec, batches, out_rows, ordered)
+        yield from aggregated_items(spec, batches, out_rows, ordered)
         return
     if spec.chain:
         # Keyed stage: rows arrive sorted by (k, seq).
@@ -738,29 +739,3 @@ def _value_items(
                 pending = []
     if pending:
         yield pending
-
-
-def _aggregated_items(
-    spec: StageSpec, batches: Iterator[Any], out_rows: int, ordered: bool
-) -> Iterator[list[tuple[bytes, Any]]]:
-    """The end-of-input emits of a stage Spark aggregated (the rule `native_reduction`): `(k, v)` rows, one per key.
-
-    Each emit is `(key, result)` with the sequence the per-key driver gives an end-of-input
-    emit (`eof_tag`); a sum computed as a decimal becomes a Python `int`.
-    """
-    import pyarrow as pa
-
-    agg = spec.native
-    assert agg is not None
-    tail = idx(EOF_BASE)
-    for b in batches:
-        if not b.num_rows:
-            continue
-        keys = b.column(0).to_pylist()
-        vs = b.column(1).to_pylist()
-        if pa.types.is_decimal(b.column(1).type):
-            vs = [None if v is None else int(v) for v in vs]
-        seqs = [eof_tag(agg.level, k) + tail for k in keys] if ordered else [b""] * len(keys)
-        items = list(zip(seqs, zip(keys, vs, strict=True), strict=True))
-        for start in range(0, len(items), out_rows):
-            yield items[start : start + out_rows]
