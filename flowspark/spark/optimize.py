@@ -252,6 +252,8 @@ def _column_refusal(w: _Work, stage: int, column: str) -> Optional[str]:
     return None
 
 
+#: SparkSource formats whose rows come in the files' order, whichever columns are read.
+_FILE_FORMATS = frozenset({"parquet", "json", "csv", "orc"})
 _INTEGRAL = frozenset({"tinyint", "smallint", "int", "bigint"})
 _FLOATS = frozenset({"float", "double"})
 
@@ -290,6 +292,14 @@ def _window_refusal(w: _Work, sid: int, source: int, window: Optional[WindowCoun
     if not w.applied("unordered_emits", f"stage {sid}"):
         # The events of a key's windows keep their order; across keys they all come at the end.
         return "the order of the stage's emits across keys is read (unordered_emits did not apply)"
+    fmt = getattr(w.stage(source).source, "format", None)
+    if fmt not in _FILE_FORMATS:
+        # A DataFrame's (or a view's) row order may depend on the columns read (a round-robin
+        # repartition sorts the rows it gets): the aggregate reads two, the Python pass all.
+        return (
+            f"the SparkSource reads a {fmt}, whose row order may depend on the columns read (files keep "
+            "theirs): the late values are found by the rows' order"
+        )
     kinds = [t for n, t in w.env.columns[source] if n == window.ts_column]
     if len(kinds) != 1:
         return f"the DataFrame has {len(kinds)} columns named {window.ts_column!r}"

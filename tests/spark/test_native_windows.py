@@ -201,3 +201,41 @@ def test_a_null_time_gives_the_in_memory_error(spark, tmp_path):
     assert "error in step 'wcount.n.stateful_batch' for key 'b'" in errors[0]
     assert "ts_getter returned None" in errors[0]
     assert errors[0] == errors[1] == str(info.value)
+
+
+def test_a_source_of_several_files_is_counted_in_its_rows_order(spark, tmp_path):
+    """Positions span partitions (files): the late values are those of the Python pass's order (partition, row)."""
+    rows = [
+        {"user": f"u{i % 5}", "ts": T0 + timedelta(seconds=(i * 37) % 400 - 100 + (i // 50) * 30), "x": i}
+        for i in range(600)
+    ]
+    path = str(tmp_path / "parts")
+    spark.createDataFrame(rows, SCHEMA).repartition(3).write.parquet(path)
+    conf = "spark.sql.files.maxPartitionBytes"
+    old = spark.conf.get(conf)
+    spark.conf.set(conf, "2000")  # one partition per file at least
+    try:
+        df = spark.read.parquet(path)
+        assert df.rdd.getNumPartitions() >= 3
+        # The rows in Spark's order (collect keeps the partitions' order), as the Python pass sees them.
+        ordered = [{**r.asDict(), "ts": r.ts.replace(tzinfo=timezone.utc)} for r in df.collect()]
+        shape = {"wait": 20, "sliding": False, "folded": True}
+        expected = _in_memory(ordered, **shape)
+        assert expected["down"] != _in_memory(rows, **shape)["down"]  # the order decides which values are late
+        got = {}
+        for rules in ("all", "none"):
+            outs = {name: str(tmp_path / f"{name}-{rules}-parts") for name in ("down", "meta")}
+            sinks = {name: SparkSink("parquet", d, schema=DOWN if name == "down" else META) for name, d in outs.items()}
+            text = io.StringIO()
+            with contextlib.redirect_stdout(text):
+                run(_flow(SparkSource("parquet", path), sinks, **shape), spark=spark, rules=rules, explain=True)
+            assert ("rule native_reduction: applied" in text.getvalue()) == (rules == "all")
+            got[rules] = sorted(tuple(r) for r in spark.read.parquet(outs["down"]).select("user", "wid", "n").collect())
+        assert got["all"] == got["none"] == expected["down"]
+        # A DataFrame's row order may depend on the columns read: the rule does not apply.
+        plan, _ = physical_plans(
+            compile_flow(_flow(SparkSource.from_dataframe(df.repartition(2)), sinks, **shape)), spark
+        )
+        assert "the SparkSource reads a dataframe, whose row order may depend on the columns read" in str(plan)
+    finally:
+        spark.conf.set(conf, old)
