@@ -239,3 +239,37 @@ def test_a_source_of_several_files_is_counted_in_its_rows_order(spark, tmp_path)
         assert "the SparkSource reads a dataframe, whose row order may depend on the columns read" in str(plan)
     finally:
         spark.conf.set(conf, old)
+
+
+def _down_only(src: Any, sink: Any) -> Dataflow:
+    flow = Dataflow("wdown")
+    s = op.input("inp", flow, src)
+    clock = win.EventClock(_ts, timedelta(seconds=5))
+    out = win.count_window("n", s, clock, _windower(True), _user)
+    op.output("down", op.map("down_row", out.down, _down_row), sink)
+    return flow
+
+
+def test_a_sink_without_schema_infers_it_from_the_aggregated_windows(spark, tmp_path):
+    """`aggregate_sample` over a window count: the check job's first rows of each partition, as events."""
+    rows = [{"user": f"u{i % 13}", "ts": T0 + timedelta(seconds=(i * 7) % 500), "x": i} for i in range(400)]
+    path = _parquet(spark, tmp_path, rows)
+    expected: list[Any] = []
+    run_main(_down_only(TestingSource(rows), TestingSink(expected)), clock="fixed")
+    for rules in ("all", "-aggregate_sample", "none"):
+        d = str(tmp_path / f"down-{rules}")
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            run(
+                _down_only(SparkSource("parquet", path), SparkSink("parquet", d)),
+                spark=spark,
+                rules=rules,
+                explain=True,
+            )
+        assert ("rule aggregate_sample: applied" in text.getvalue()) == (rules == "all")
+        assert ("rule native_reduction: applied" in text.getvalue()) == (rules != "none")
+        df = spark.read.parquet(d)
+        assert df.schema.simpleString() == "struct<n:bigint,user:string,wid:bigint>"
+        assert sorted(tuple(r) for r in df.select("user", "wid", "n").collect()) == sorted(
+            tuple(x.values()) for x in expected
+        )
