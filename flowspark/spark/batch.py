@@ -26,7 +26,15 @@ from flowspark.errors import (
     step_error,
 )
 from flowspark.outputs import part_of
-from flowspark.spark.codec import decode_task_error, dumps, encode_task_error, loads, loads_all, source_seq
+from flowspark.spark.codec import (
+    chunk_bounds,
+    decode_task_error,
+    dumps,
+    encode_task_error,
+    loads,
+    loads_all,
+    source_seq,
+)
 from flowspark.spark.columns import (
     ID_COLUMN,
     column_kinds,
@@ -132,7 +140,14 @@ class _Job:
         columns = {
             st.spec.stage_id: column_kinds(self.source_df(st)) for st in self.plan.stages if st.spec.source == "native"
         }
-        env = Env("batch", *rules, connect=self.connect, columns=columns, float_reductions=self.float_reductions)
+        env = Env(
+            "batch",
+            *rules,
+            connect=self.connect,
+            columns=columns,
+            float_reductions=self.float_reductions,
+            time_zone=self.spark.conf.get("spark.sql.session.timeZone"),
+        )
         self.plan = optimize(self.plan, env)
         self.aggregates = Aggregates(self.plan)
         self.keyed_by_spark = {
@@ -239,7 +254,7 @@ class _Job:
             items = src.driver_items(sid)
             size = max(1, min(self.chunk_size, math.ceil(len(items) / (2 * self.parallelism)) or 1))
             rows = []
-            for start, end, act, off in _chunk_bounds(len(items), size, spec.per_batch, src.driver_cuts(sid)):
+            for start, end, act, off in chunk_bounds(len(items), size, spec.per_batch, src.driver_cuts(sid)):
                 try:
                     blob = dumps(items[start:end])
                 except Exception as e:
@@ -487,28 +502,6 @@ class _Job:
                 df.unpersist()
             except Exception:  # noqa: BLE001,S110
                 pass
-
-
-def _chunk_bounds(n: int, size: int, per_batch: int, cuts: list[int]) -> Iterator[tuple[int, int, int, int]]:
-    """Split `n` driver items into chunks of at most `size`, none across a cut.
-
-    Args:
-        n: Number of items.
-        size: Items per chunk.
-        per_batch: Items per source batch (activation).
-        cuts: Positions where a source batch starts early (`DriverItems.driver_cuts`).
-
-    Yields:
-        `(start, end, activation, offset)`: a chunk and where its first item sits
-        (its activation and its offset in it; the worker stamps the rest with `per_batch`).
-    """
-    act0 = 0
-    bounds = [0, *(c for c in cuts if 0 < c < n), n]
-    for seg_start, seg_end in zip(bounds, bounds[1:], strict=False):
-        for start in range(seg_start, seg_end, size):
-            at = start - seg_start
-            yield start, min(start + size, seg_end), act0 + at // per_batch, at % per_batch
-        act0 += -(-(seg_end - seg_start) // per_batch)
 
 
 def _key_col(st: StagePlan) -> Any:

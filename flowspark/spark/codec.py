@@ -43,6 +43,7 @@ import pickle
 import re
 import struct
 import sys
+from collections.abc import Iterator
 from typing import Any, Optional
 
 import cloudpickle
@@ -59,6 +60,7 @@ __all__ = [
     "CAUSE_LIMIT",
     "MALFORMED_MARK",
     "apply_pad",
+    "chunk_bounds",
     "decode_task_error",
     "dumps",
     "encode_task_error",
@@ -441,3 +443,25 @@ def _as_named_class(exc: BaseException) -> BaseException:
     except Exception:  # noqa: BLE001
         return exc
     return again
+
+
+def chunk_bounds(n: int, size: int, per_batch: int, cuts: list[int]) -> Iterator[tuple[int, int, int, int]]:
+    """Split `n` driver items into chunks of at most `size`, none across a cut.
+
+    Args:
+        n: Number of items.
+        size: Items per chunk.
+        per_batch: Items per source batch (activation).
+        cuts: Positions where a source batch starts early (`DriverItems.driver_cuts`).
+
+    Yields:
+        `(start, end, activation, offset)`: a chunk and where its first item sits
+        (its activation and its offset in it; the worker stamps the rest with `per_batch`).
+    """
+    act0 = 0
+    bounds = [0, *(c for c in cuts if 0 < c < n), n]
+    for seg_start, seg_end in zip(bounds, bounds[1:], strict=False):
+        for start in range(seg_start, seg_end, size):
+            at = start - seg_start
+            yield start, min(start + size, seg_end), act0 + at // per_batch, at % per_batch
+        act0 += -(-(seg_end - seg_start) // per_batch)

@@ -47,6 +47,7 @@ from flowspark.spark.rules_sinks import (
     check_sampling,
     sink_mode,
 )
+from flowspark.spark.times import fixed_offset
 
 _Work = Work
 
@@ -85,6 +86,8 @@ class Env:
             applied`); a rule missing here was not recorded (a new checkpoint).
         float_reductions: The run allows sums, maxima and minima of float columns as Spark
             aggregates (`run_plan(float_reductions=True)`), which may differ from Python's.
+        time_zone: The session's time zone (`spark.sql.session.timeZone`), in which a
+            TIMESTAMP column's values become datetimes.
     """
 
     target: str
@@ -101,6 +104,7 @@ class Env:
     atomic_sinks: frozenset[str] = frozenset()
     recorded: Mapping[str, bool] = field(default_factory=dict)
     float_reductions: bool = False
+    time_zone: str = "UTC"
 
 
 # -- the rules' checks and effects ---------------------------------------------------------------
@@ -305,6 +309,11 @@ def _window_refusal(w: _Work, sid: int, source: int, window: Optional[WindowCoun
         return f"the DataFrame has {len(kinds)} columns named {window.ts_column!r}"
     if kinds[0] != "timestamp":
         return f"the clock's column {window.ts_column!r} is {kinds[0]}, not timestamp (an instant)"
+    if not fixed_offset(w.env.time_zone):
+        return (
+            f"the session time zone {w.env.time_zone!r} has no fixed UTC offset: the clock's times, in that zone, "
+            "subtract the wait in wall-clock time"
+        )
     return None
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-__all__ = ["arrow_rows", "aware_times"]
+__all__ = ["arrow_rows", "aware_times", "fixed_offset"]
 
 #: Zones whose offset is always zero: their datetimes carry `timezone.utc`.
 UTC_ZONES = frozenset(
@@ -43,6 +43,32 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICRO = timedelta(microseconds=1)
 
 
+def _zone(zone: str) -> tuple[Any, bool]:
+    """The `tzinfo` `aware_times` gives datetimes in `zone`, and whether its offset is fixed."""
+    import pyarrow as pa
+
+    tz = pa.array([0], pa.timestamp("us", tz=zone)).to_pylist()[0].tzinfo
+    fixed = isinstance(tz, timezone) or str(tz) in UTC_ZONES
+    if fixed and tz.utcoffset(None) == timedelta(0):
+        tz = timezone.utc
+    return tz, fixed
+
+
+def fixed_offset(zone: str) -> bool:
+    """Whether a TIMESTAMP column read in session time zone `zone` gives datetimes of one fixed UTC offset.
+
+    Then `datetime - timedelta` (wall-clock arithmetic in Python) is the instant's arithmetic too;
+    in a region zone with daylight saving time (`Europe/Paris`) it is not.
+
+    Args:
+        zone: A time zone name as Spark's session has it.
+
+    Returns:
+        Whether the offset is fixed (`UTC`, `+02:00`...).
+    """
+    return _zone(zone)[1]
+
+
 def aware_times(zone: str) -> Callable[[Any], list[Any]]:
     """The function giving an int64 Arrow column of microseconds since the epoch as aware datetimes in `zone`.
 
@@ -56,12 +82,7 @@ def aware_times(zone: str) -> Callable[[Any], list[Any]]:
     Returns:
         `fn(column) -> list`.
     """
-    import pyarrow as pa
-
-    tz = pa.array([0], pa.timestamp("us", tz=zone)).to_pylist()[0].tzinfo
-    fixed = isinstance(tz, timezone) or str(tz) in UTC_ZONES
-    if fixed and tz.utcoffset(None) == timedelta(0):
-        tz = timezone.utc
+    tz, fixed = _zone(zone)
     start = _EPOCH.astimezone(tz)
 
     def times(col: Any) -> list[Any]:

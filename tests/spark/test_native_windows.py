@@ -172,7 +172,11 @@ def test_the_rule_needs_a_clock_reading_a_timestamp_column_and_no_order_across_k
         return next(str(d) for d in plan.decisions if d.rule == "native_reduction")
 
     sinks = {name: SparkSink("parquet", str(tmp_path / name)) for name in ("down", "meta")}
-    flow = _flow(SparkSource("parquet", path), sinks, **shape)
+
+    def src() -> Any:
+        return SparkSource("parquet", path)
+
+    flow = _flow(src(), sinks, **shape)
     assert decision(flow) == "rule native_reduction: applied"
     plan, _ = physical_plans(compile_flow(flow), spark)
     assert "groupBy('user', window id (length 0:01:00, every 0:01:00)).agg(count(*))" in plan.render(describe_stage)
@@ -180,6 +184,17 @@ def test_the_rule_needs_a_clock_reading_a_timestamp_column_and_no_order_across_k
     assert "ts_getter is not proven to read a column (row[column])" in decision(flow)
     flow = _flow(SparkSource("parquet", path), {"down": TestingSink([]), "meta": TestingSink([])}, **shape)
     assert "order of the stage's emits across keys is read (unordered_emits did not apply)" in decision(flow)
+    # In a zone with daylight saving time, Python subtracts the wait in wall-clock time.
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    try:
+        spark.conf.set("spark.sql.session.timeZone", "Europe/Paris")
+        assert "the session time zone 'Europe/Paris' has no fixed UTC offset" in decision(_flow(src(), sinks, **shape))
+        spark.conf.set("spark.sql.session.timeZone", "+02:00")
+        assert decision(_flow(src(), sinks, **shape)) == "rule native_reduction: applied"
+        got, _text = _on_spark(spark, tmp_path, path, "all", **shape)
+        assert _aware(got["down"]) == _in_memory(rows, **shape)["down"]
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
     # The same windows and counts as in memory with a TestingSink (the Python pass, in order).
     outs: dict[str, list[Any]] = {"down": [], "meta": []}
     run(_flow(SparkSource("parquet", path), {k: TestingSink(v) for k, v in outs.items()}, **shape), spark=spark)

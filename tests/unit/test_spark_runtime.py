@@ -634,16 +634,16 @@ def test_source_items_stamp_activations_and_offsets(n):
 
 
 def test_chunk_bounds_keep_source_batches_across_chunks_and_cuts():
-    from flowspark.spark.batch import _chunk_bounds
+    from flowspark.spark.codec import chunk_bounds
 
     # 10 items, batches of 3, a PAUSE before item 4 (a batch starts there), chunks of 4.
-    chunks = list(_chunk_bounds(10, 4, 3, [4]))
+    chunks = list(chunk_bounds(10, 4, 3, [4]))
     assert chunks == [(0, 4, 0, 0), (4, 8, 2, 0), (8, 10, 3, 1)]
     acts = [source_items(0, 0, a, [None] * (e - s), o, 3) for s, e, a, o in chunks]
     heads = [read_head(q)[2:] for items in acts for q, _ in items]
     # As TestingSource.next_batch polls them: [0,1,2] [3] | [4,5,6] [7,8,9].
     assert heads == [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1), (2, 2), (3, 0), (3, 1), (3, 2)]
-    assert list(_chunk_bounds(0, 4, 3, [])) == []
+    assert list(chunk_bounds(0, 4, 3, [])) == []
 
 
 def test_emits_of_an_activation_sort_by_key_then_as_their_values():
