@@ -47,6 +47,7 @@ from flowspark.spark.columns import (
     union_all,
 )
 from flowspark.spark.describe import describe_stage
+from flowspark.spark.driverprefix import driver_prefix
 from flowspark.spark.inputs import load_rows
 from flowspark.spark.native import Aggregates, pair_rows, python_pass, sample_first_rows
 from flowspark.spark.optimize import Env, optimize
@@ -435,7 +436,9 @@ class _Job:
         if stage in self.keyed_by_spark and "prefix_sample" in sk.modes:
             ck = self.plan.stages[stage].spec.column_key
             assert ck is not None
-            got = prefix_sample(_positioned(self.keyed_by_spark[stage]), ck.column, fn, n, _action)
+            df = self.keyed_by_spark[stage]
+            read = (lambda t: driver_prefix(df, t, ID_COLUMN)) if "driver_prefix" in sk.modes else None
+            got = prefix_sample(_positioned(df), ck.column, fn, n, _action, read)
             if got is not None:
                 return got
         if stage in self.keyed_by_spark:

@@ -176,6 +176,7 @@ def prefix_sample(
     fn: Callable[[Iterator[Any]], Iterator[Any]],
     n: int,
     action: Callable[[Callable[[], Any]], Any],
+    read: Optional[Callable[[int], Any]] = None,
 ) -> Optional[list[Any]]:
     """The first `n` items of a Spark-keyed stage of `stateful_map` steps, from the source's first rows, or `None`.
 
@@ -193,6 +194,9 @@ def prefix_sample(
         fn: The stage's sampling function (`stage_function(..., sample=(port, n))`).
         n: Items wanted.
         action: Runs a Spark action or `fn` and turns a step's error into the run's error.
+        read: `read(take)`: partition 0's first `take` rows with their positions, read at the
+            driver (the rule `driver_prefix`), fewer when it has no more; `None` (from the
+            function too): the `limit` job.
 
     Returns:
         The items, or `None` when the rows give fewer than `n` items (or the whole input was
@@ -202,9 +206,12 @@ def prefix_sample(
     import pyarrow.compute as pc
 
     for take in SAMPLE_ROWS:
-        table = action(lambda t=take: positioned.limit(t).toArrow())  # type: ignore[misc]  # bound at definition
-        if table.num_rows < take:
-            return None  # the whole input: the full sampling job reads it as cheaply
+        table = read(take) if read is not None else None
+        if table is None:
+            table = action(lambda t=take: positioned.limit(t).toArrow())  # type: ignore[misc]  # bound at definition
+            if table.num_rows < take:
+                return None  # the whole input: the full sampling job reads it as cheaply
+        ended = table.num_rows < take  # read at the driver: all of partition 0
         table = table.filter(pc.less(table.column(ID_COLUMN), _PARTITION_1))
         m = table.num_rows
         ids = table.column(ID_COLUMN)
@@ -213,6 +220,8 @@ def prefix_sample(
         got = sampled_items(fn, table.sort_by([(key, "ascending"), (ID_COLUMN, "ascending")]).to_batches(), action)
         if len(got) >= n:
             return got[:n]
+        if ended:
+            return None
     return None
 
 

@@ -20,6 +20,7 @@ from typing import Any, Optional
 __all__ = [
     "JavaQueryListener",
     "default_session",
+    "executed_plan",
     "explain_string",
     "hadoop_configuration",
     "hadoop_path",
@@ -61,6 +62,19 @@ def explain_string(spark: Any, df: Any, mode: str) -> str:
         return str(df._explain_string(mode=mode)).rstrip()
     jvm = spark.sparkContext._jvm
     return str(jvm.PythonSQLUtils.explainString(df._jdf.queryExecution(), mode)).rstrip()
+
+
+def executed_plan(df: Any) -> Optional[Any]:
+    """The JVM physical plan (`SparkPlan`) of a classic session's DataFrame, planned at the driver (no job).
+
+    Args:
+        df: A DataFrame.
+
+    Returns:
+        The plan's py4j object, or `None` for a Spark Connect DataFrame (its plan is on the server).
+    """
+    jdf = getattr(df, "_jdf", None)
+    return None if jdf is None else jdf.queryExecution().executedPlan()
 
 
 def inferred_schema(spark: Any, rows: list[Any]) -> Any:

@@ -41,6 +41,7 @@ from flowspark.spark.rules_sinks import (
     apply_concurrent,
     check_aggregate_sample,
     check_concurrent,
+    check_driver_prefix,
     check_fusion,
     check_native_rows,
     check_prefix_sample,
@@ -601,6 +602,17 @@ RULES: tuple[Rule, ...] = (
         "values give its first emits",
         check_prefix_sample,
         sink_mode("prefix_sample"),
+    ),
+    Rule(
+        "driver_prefix",
+        "sink",
+        _BATCH,
+        False,
+        "the first rows prefix_sample takes from a parquet SparkSource are read at the driver with pyarrow, from "
+        "the files Spark's plan gives partition 0 when they are whole local files of plain columns (no Spark "
+        "job); otherwise the limit job",
+        check_driver_prefix,
+        sink_mode("driver_prefix"),
     ),
     Rule(
         "aggregate_sample",

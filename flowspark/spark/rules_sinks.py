@@ -126,6 +126,20 @@ def check_prefix_sample(w: Work, step: str) -> Optional[str]:
     return None
 
 
+def check_driver_prefix(w: Work, step: str) -> Optional[str]:
+    """`driver_prefix`: the first rows `prefix_sample` takes come from a parquet source's files, read at the driver."""
+    if not w.applied("prefix_sample", f"sink {step}"):
+        return "prefix_sample did not apply"
+    if w.env.connect:
+        return "the session is a Spark Connect session (the scan's plan is not at the driver)"
+    ck = w.spec(w.sinks[step].port[0]).column_key
+    assert ck is not None
+    fmt = getattr(w.stage(ck.source_stage).source, "format", None)
+    if fmt != "parquet":
+        return f"the SparkSource reads {fmt}, not parquet files"
+    return None
+
+
 def check_aggregate_sample(w: Work, step: str) -> Optional[str]:
     """`aggregate_sample`: a sampled sink fed by a Spark aggregate takes the check job's first rows."""
     return _aggregate_sink(w, step, "schema_sampling")

@@ -218,6 +218,7 @@ CASES = [
     ("native_reduction", "stage 1", "reduce"),
     ("long_sums", "stage 1", "aggregated"),
     ("prefix_sample", "sink sampled.out", "sampled"),
+    ("driver_prefix", "sink sampled.out", "sampled"),
     ("aggregate_sample", "sink aggregated.out", "aggregated"),
     ("native_rows", "sink aggregated.out", "aggregated"),
     ("concurrent_sinks", "query", "two_sinks"),
@@ -619,22 +620,80 @@ def test_prefix_sample_infers_the_schema_from_output_items_of_the_first_rows(run
         samples.append(got)
         return got
 
+    reads: list[Any] = []
+
+    def recording_read(*args: Any) -> Any:
+        got = batch_lowering_driver_prefix(*args)
+        reads.append(got)
+        return got
+
     batch_lowering_prefix_sample = batch_lowering.prefix_sample
+    batch_lowering_driver_prefix = batch_lowering.driver_prefix
     monkeypatch.setattr(batch_lowering, "prefix_sample", recording)
+    monkeypatch.setattr(batch_lowering, "driver_prefix", recording_read)
     ref: list[Any] = []
     run_main(_running_rows(TestingSource(events), ref))
     want = sorted((r["user"], r["n"], r["v"]) for r in ref)
     outputs = {}
-    for rules in ("all", "-prefix_sample", "none"):
+    for rules in ("all", "-driver_prefix", "-prefix_sample", "none"):
         out = str(tmp_path / f"out_{rules.strip('-')}")
         plan, _ = physical_plans(compile_flow(_running_rows(SparkSource("parquet", src), out)), spark, rules=rules)
-        assert plan.decision("prefix_sample", "sink running.out").applied == (rules == "all")
+        assert plan.decision("prefix_sample", "sink running.out").applied == (rules in ("all", "-driver_prefix"))
+        assert plan.decision("driver_prefix", "sink running.out").applied == (rules == "all")
         run(_running_rows(SparkSource("parquet", src), out), spark=spark, rules=rules)
         outputs[rules] = sorted((r.user, r.n, r.v) for r in spark.read.parquet(out).collect())
         assert dict(spark.read.parquet(out).dtypes) == {"user": "string", "n": "bigint", "v": "bigint"}
-    assert outputs["all"] == outputs["-prefix_sample"] == outputs["none"] == want
-    assert len(samples) == 1, "the rule's sampling runs once, with the rule on"
+    assert outputs["all"] == outputs["-driver_prefix"] == outputs["-prefix_sample"] == outputs["none"] == want
+    assert len(samples) == 2, "the rule's sampling runs once per run with the rule on"
     assert samples[0] is not None, "the first rows gave the sample (no fallback)"
     assert len(samples[0]) == 100
     reference = {(r["user"], r["n"], r["v"]) for r in ref}
     assert all((x["user"], x["n"], x["v"]) in reference for x in samples[0]), "sampled items are output items"
+    # driver_prefix read the rows at the driver (no limit job), the same first rows as the limit.
+    assert len(reads) == 1
+    assert reads[0] is not None
+    assert reads[0].num_rows == 4096
+    assert samples[0] == samples[1]
+
+
+def test_driver_prefix_reads_partition_0s_files_in_spark_order(runs, tmp_path, monkeypatch):
+    """Small files packed into partition 0 (a low open cost): the rows are read across them, as Spark orders them."""
+    import flowspark.spark.batch as batch_lowering
+
+    spark = runs.spark
+    src = str(tmp_path / "in")
+    events = []
+    for f, size in enumerate((900, 1500, 1200, 700)):  # distinct sizes: Spark reads the largest file first
+        part = [{"user": f"u{(i * 7 + f) % 31}", "v": f * 10_000 + i} for i in range(size)]
+        events.extend(part)
+        spark.createDataFrame(part, "user STRING, v LONG").coalesce(1).write.mode("append").parquet(src)
+    reads: list[Any] = []
+    samples: list[Any] = []
+    real_read, real_sample = batch_lowering.driver_prefix, batch_lowering.prefix_sample
+    monkeypatch.setattr(batch_lowering, "driver_prefix", lambda *a: reads.append(real_read(*a)) or reads[-1])
+    monkeypatch.setattr(batch_lowering, "prefix_sample", lambda *a: samples.append(real_sample(*a)) or samples[-1])
+    confs = {"spark.sql.files.openCostInBytes": "1", "spark.sql.files.minPartitionNum": "1"}
+    old = {c: spark.conf.get(c, None) for c in confs}
+    for c, v in confs.items():
+        spark.conf.set(c, v)
+    try:
+        outputs = {}
+        for rules in ("all", "-driver_prefix"):
+            out = str(tmp_path / f"out_{rules.strip('-')}")
+            run(_running_rows(SparkSource("parquet", src), out), spark=spark, rules=rules)
+            outputs[rules] = sorted(tuple(r) for r in spark.read.parquet(out).select("user", "n", "v").collect())
+        df = spark.read.parquet(src)
+        first = df.rdd.glom().first()  # partition 0's rows, in order
+    finally:
+        for c, v in old.items():
+            if v is None:
+                spark.conf.unset(c)
+            else:
+                spark.conf.set(c, v)
+    assert len(reads) == 1
+    assert reads[0] is not None
+    assert reads[0].column("v").to_pylist() == [r.v for r in first][:4096]
+    assert len({v // 10_000 for v in reads[0].column("v").to_pylist()}) >= 2, "read across files"
+    assert samples[0] == samples[1]
+    assert samples[0] is not None
+    assert outputs["all"] == outputs["-driver_prefix"]
