@@ -230,19 +230,9 @@ def count_sum_section(spark: Any, path: str, tmp: str, n: int, results: dict[str
         ("flowspark count + sum, rules=none", flowspark_job("none", rules="none")),
         ("native groupBy().agg(count, sum), two writes", native_job),
     ]
-    for _label, job in jobs:
-        job()  # warm-up
     # Round-robin: each repeat runs every job once, so no job always follows the big rules=none job
     # (the job right after it ran up to 0.4 s slower, measured).
-    best = dict.fromkeys([label for label, _job in jobs], float("inf"))
-    for _ in range(REPEAT):
-        for label, job in jobs:
-            t = time.perf_counter()
-            job()
-            best[label] = min(best[label], time.perf_counter() - t)
-    for label, _job in jobs:
-        results[label] = n / best[label]
-        print(f"{label:<48} {best[label]:8.2f} s {n / best[label]:>12,.0f} events/s", flush=True)
+    rounds(jobs, n, results)
     for tag in ("all", "helpers", "serial", "none"):
         for part, cols in (("n", "user, n"), ("t", "user, total")):
             a = spark.read.parquet(f"{out}-{tag}-{part}").selectExpr(*cols.split(", "))
@@ -255,6 +245,25 @@ def count_sum_section(spark: Any, path: str, tmp: str, n: int, results: dict[str
 
 
 REPEAT = 1
+
+
+def rounds(jobs: list[tuple[str, Any]], n: int, results: dict[str, float]) -> None:
+    """Warm every job up, then run them round-robin REPEAT times; report each one's best time.
+
+    Every round runs each job once, so a job's best time comes from the same spells of machine
+    load as the others' (a section timing one job's repeats, then the next's, is not).
+    """
+    for _label, job in jobs:
+        job()  # warm-up
+    best = dict.fromkeys([label for label, _job in jobs], float("inf"))
+    for _ in range(REPEAT):
+        for label, job in jobs:
+            t = time.perf_counter()
+            job()
+            best[label] = min(best[label], time.perf_counter() - t)
+    for label, _job in jobs:
+        results[label] = n / best[label]
+        print(f"{label:<48} {best[label]:8.2f} s {n / best[label]:>12,.0f} events/s", flush=True)
 
 
 def timed(label: str, fn, n: int, results: dict[str, float]) -> Any:
@@ -433,16 +442,18 @@ def main() -> None:
                 .parquet(out_hw + "-fn")
             )
 
-        whole_flowspark()
-        whole_hand()
-        timed("flowspark whole job (parquet -> parquet)", whole_flowspark, n, results)
-        whole_flowspark_schema()
-        timed("flowspark whole job, SparkSink with a schema", whole_flowspark_schema, n, results)
+        rounds(
+            [
+                ("flowspark whole job (parquet -> parquet)", whole_flowspark),
+                ("flowspark whole job, SparkSink with a schema", whole_flowspark_schema),
+                ("hand-written whole job of the same shape", whole_hand),
+                ("hand-written, the flow's functions on row dicts", whole_same_functions),
+            ],
+            n,
+            results,
+        )
         whole_flowspark_no_rules()
         timed("flowspark whole job, rules=none (every fast path off)", whole_flowspark_no_rules, n, results)
-        timed("hand-written whole job of the same shape", whole_hand, n, results)
-        whole_same_functions()
-        timed("hand-written, the flow's functions on row dicts", whole_same_functions, n, results)
         a = spark.read.parquet(out_fs).select("user", "pos", "amount", "count")
         b = spark.read.parquet(out_hw).select("user", "pos", "amount", "count")
         assert a.count() == n, "flowspark wrote a different number of rows"
@@ -469,23 +480,25 @@ def main() -> None:
         print("\n-- TestingSource input (items built in the driver) --")
         items = [{"user": f"u{i * 7919 % nkeys}", "amount": i % 100} for i in range(n)]
 
-        def flowspark_testing() -> list[Any]:
-            out: list[Any] = []
-            run(build_flowspark(TestingSource(items), out), spark=spark)
-            return out
+        outs: dict[str, list[Any]] = {}
 
-        out = timed("flowspark on Spark (TestingSource)", flowspark_testing, n, results)
-        assert dict(out) == expected
+        def flowspark_testing() -> None:
+            outs["flowspark"] = []
+            run(build_flowspark(TestingSource(items), outs["flowspark"]), spark=spark)
+
+        jobs = [("flowspark on Spark (TestingSource)", flowspark_testing)]
         if not args.skip_bytewax:
             from bytewax.testing import run_main as bw_run_main
 
-            def bytewax_run() -> list[Any]:
-                out: list[Any] = []
-                bw_run_main(build_bytewax(items, out))
-                return out
+            def bytewax_run() -> None:
+                outs["bytewax"] = []
+                bw_run_main(build_bytewax(items, outs["bytewax"]))
 
-            out = timed("bytewax 0.21 run_main", bytewax_run, n, results)
+            jobs.append(("bytewax 0.21 run_main", bytewax_run))
+        rounds(jobs, n, results)  # alternating: both under the same spells of load
+        for out in outs.values():
             assert dict(out) == expected
+        if not args.skip_bytewax:
             ratio = results["flowspark on Spark (TestingSource)"] / results["bytewax 0.21 run_main"]
             print(f"flowspark (TestingSource) / bytewax run_main: {ratio:5.2f}x")
 
