@@ -17,6 +17,11 @@ what Python would refuse (or, for a key's lone null, emit as `None`): Spark skip
 so the stages of such an aggregate fall back to the Python pass (`Aggregates.input`
 returns `None`), which gives the in-memory executor's result or error.
 
+A window count (`count_window`, `Aggregate.window`) is `groupBy(key, window id)` over the rows
+that are not late (`_window_counts`: a window function over the rows' positions gives each key's
+watermark, as `EventClock` computes it when time does not pass), and its Python pass makes each
+window's two events (`_window_events`).
+
 The shared aggregate is persisted and checked by one Spark job (`_check`: per partition of
 the aggregate, one row per key, it counts null keys, null values and overflowed sums), which
 also keeps each partition's first rows when a sink reading one of the stages gets its schema
