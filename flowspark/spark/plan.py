@@ -27,6 +27,8 @@ from flowspark.ir import WindowCount
 
 #: Python's datetime range, about: a window count with a longer wait or window runs in Python.
 _LONGEST = timedelta(days=3_652_059)
+#: Windows per value Spark may list (`explode(sequence(...))`) for a sliding window count.
+_MOST_WINDOWS = 10_000
 
 #: The port of every stage's dead-letter rows (`flowspark.deadletter`): `v` holds a pickled
 #: record, `seq` the dead item's sequence. Stages have far fewer ports (and routes keep
@@ -464,6 +466,8 @@ class Plan:
         longest = max(window.wait, window.length)
         if longest > _LONGEST:
             return f"a duration ({longest}) is longer than Python's datetime range"
+        if window.length // window.offset > _MOST_WINDOWS:
+            return f"a value falls in more than {_MOST_WINDOWS} windows (length {window.length}, every {window.offset})"
         readers = [o.step_id for st in self.stages for o in st.spec.ops if window.late in o.ups]
         for st in self.stages:
             for p, port in enumerate(st.spec.ports):

@@ -133,6 +133,11 @@ def test_native_reduction_takes_a_window_count():
             "is between the key_on and the window count",
         ),
         (lambda: _flow(folded=(reducers.zero, reducers.sum)), "UTC", "is not a built-in reduction"),
+        (
+            lambda: _flow(windower=win.SlidingWindower(timedelta(days=1), timedelta(seconds=1), T0)),
+            "UTC",
+            "a value falls in more than 10000 windows (length 1 day, 0:00:00, every 0:00:01)",
+        ),
     ],
 )
 def test_native_reduction_says_why_it_does_not_take_a_window_count(flow, zone, why):
