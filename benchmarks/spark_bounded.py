@@ -35,7 +35,7 @@ import os
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Optional
 
 
 def count_mapper(state, amount):
@@ -247,8 +247,28 @@ def count_sum_section(spark: Any, path: str, tmp: str, n: int, results: dict[str
 REPEAT = 1
 
 
-def rounds(jobs: list[tuple[str, Any]], n: int, results: dict[str, float]) -> None:
-    """Warm every job up, then run them round-robin REPEAT times; report each one's best time.
+def bench_session(master: str, **conf: str) -> Any:
+    """The benchmarks' warm SparkSession: 2 shuffle partitions, no UI, no AQE, Arrow on, 3g driver, and `conf`."""
+    from pyspark.sql import SparkSession  # noqa: TID251
+
+    builder = (
+        SparkSession.builder.master(master)
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.adaptive.enabled", "false")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.driver.memory", "3g")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def rounds(jobs: list[tuple[str, Any]], n: int, results: dict[str, float], repeat: Optional[int] = None) -> None:
+    """Warm every job up, then run them round-robin `repeat` (default REPEAT) times; report each one's best time.
 
     Every round runs each job once, so a job's best time comes from the same spells of machine
     load as the others' (a section timing one job's repeats, then the next's, is not).
@@ -256,7 +276,7 @@ def rounds(jobs: list[tuple[str, Any]], n: int, results: dict[str, float]) -> No
     for _label, job in jobs:
         job()  # warm-up
     best = dict.fromkeys([label for label, _job in jobs], float("inf"))
-    for _ in range(REPEAT):
+    for _ in range(REPEAT if repeat is None else repeat):
         for label, job in jobs:
             t = time.perf_counter()
             job()
@@ -293,23 +313,12 @@ def main() -> None:
     REPEAT = max(1, args.repeat)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession  # noqa: TID251
     from pyspark.sql import functions as F  # noqa: TID251
 
     from flowspark.spark import SparkSink, SparkSource, compile_flow, run
     from flowspark.testing import TestingSource
 
-    spark = (
-        SparkSession.builder.master(args.master)
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.driver.memory", "3g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = bench_session(args.master)
     tmp = tempfile.mkdtemp(prefix="flowspark-bench-")
     path = os.path.join(tmp, "events")
     (

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
-import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -69,25 +67,14 @@ def main() -> None:
     n = args.events
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession  # noqa: TID251
     from pyspark.sql import functions as F  # noqa: N812, TID251
+    from spark_bounded import bench_session, rounds
 
     from flowspark.spark import compile_flow, run
     from flowspark.spark.describe import describe_stage
     from flowspark.spark.tools import physical_plans
 
-    spark = (
-        SparkSession.builder.master(args.master)
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.adaptive.enabled", "false")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "3g")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = bench_session(args.master, **{"spark.sql.session.timeZone": "UTC"})
     tmp = tempfile.mkdtemp(prefix="flowspark-bench-windows-")
     path = os.path.join(tmp, "events")
     t0 = int(T0.timestamp())
@@ -138,19 +125,9 @@ def main() -> None:
         ("hand-written Spark, same semantics", hand_written(True)),
         ("naive Spark, lateness ignored", hand_written(False)),
     ]
-    for _label, job in jobs:
-        job()  # warm-up (the flowspark jobs' outputs go to new directories once)
-    best = dict.fromkeys([label for label, _job in jobs], float("inf"))
-    for _ in range(max(1, args.repeat)):
-        for label, job in jobs:
-            if label.startswith("flowspark"):
-                rules = label.split(", ")[1].replace("rules on", "all").replace("rules=", "")
-                shutil.rmtree(os.path.join(tmp, f"out-{rules}"), ignore_errors=True)
-            t = time.perf_counter()
-            job()
-            best[label] = min(best[label], time.perf_counter() - t)
-    for label, _job in jobs:
-        print(f"{label:<44} {best[label]:8.2f} s {n / best[label]:>12,.0f} events/s", flush=True)
+    results: dict[str, float] = {}
+    rounds(jobs, n, results, max(1, args.repeat))
+    best = {label: n / rate for label, rate in results.items()}
     hand = spark.read.parquet(os.path.join(tmp, "out-hand-True"))
     for rules in ("all", "-native_reduction", "none"):
         got = spark.read.parquet(os.path.join(tmp, f"out-{rules}")).select("user", "wid", "n")

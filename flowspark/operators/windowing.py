@@ -986,7 +986,7 @@ def _split(
             clock.now_getter is utc_now,
             clock.wait_for_system_duration,
             windower.length,
-            windower.offset if isinstance(windower, SlidingWindower) else windower.length,
+            _offset_of(windower),
             windower.align_to,
             late.stream_id,
         )
@@ -1413,6 +1413,11 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
         return (self.sys_max, self.base, copied, self.queue[:])
 
 
+def _offset_of(windower: TumblingWindower | SlidingWindower) -> timedelta:
+    """The time between the starts of consecutive windows (a tumbling window's length)."""
+    return windower.offset if isinstance(windower, SlidingWindower) else windower.length
+
+
 def _fast_fold_ok(clock: Clock[Any, Any], windower: Windower[Any]) -> bool:
     return type(clock) is EventClock and type(windower) in (TumblingWindower, SlidingWindower)
 
@@ -1431,7 +1436,7 @@ def _fold_events(
         assert isinstance(clock, EventClock)
         assert isinstance(windower, (TumblingWindower, SlidingWindower))
         length = windower.length
-        offset = windower.offset if isinstance(windower, SlidingWindower) else windower.length
+        offset = _offset_of(windower)
         align_to = windower.align_to
 
         def fast_builder(resume: Optional[tuple[Any, ...]]) -> _FastFoldLogic[V]:
