@@ -201,7 +201,7 @@ def count_sum_section(spark: Any, path: str, tmp: str, n: int, results: dict[str
     from pyspark.sql import functions as F  # noqa: N812, TID251
 
     from flowspark.spark import SparkSource, compile_flow, run
-    from flowspark.spark.describe import describe_stage
+    from flowspark.spark.batch.describe import describe_stage
     from flowspark.spark.tools import physical_plans
 
     print("\n-- count + sum per user (count_final, reduce_final(operator.add)) -> two parquet SparkSinks --")
@@ -375,7 +375,7 @@ def main() -> None:
             .collect()
         )
 
-    from flowspark.spark.describe import describe_stage
+    from flowspark.spark.batch.describe import describe_stage
     from flowspark.spark.tools import physical_plans
 
     results: dict[str, float] = {}

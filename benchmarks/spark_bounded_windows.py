@@ -71,7 +71,7 @@ def main() -> None:
     from spark_bounded import bench_session, rounds
 
     from flowspark.spark import compile_flow, run
-    from flowspark.spark.describe import describe_stage
+    from flowspark.spark.batch.describe import describe_stage
     from flowspark.spark.tools import physical_plans
 
     spark = bench_session(args.master, **{"spark.sql.session.timeZone": "UTC"})

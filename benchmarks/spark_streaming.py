@@ -37,7 +37,7 @@ from typing import Any, Optional
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.inputs import FixedPartitionedSource, StatefulSourcePartition
-from flowspark.spark.outputs import SparkSink
+from flowspark.spark.io.outputs import SparkSink
 
 
 class _GenPart(StatefulSourcePartition):
@@ -104,7 +104,7 @@ def run_flowspark(
     layout: Optional[str] = None,
 ) -> float:
     from flowspark.spark import run
-    from flowspark.spark.inputs import SparkSource
+    from flowspark.spark.io.inputs import SparkSource
 
     os.makedirs(work, exist_ok=True)
     flow = Dataflow("bench_count")

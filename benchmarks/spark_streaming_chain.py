@@ -33,8 +33,8 @@ from spark_streaming import GenSource  # noqa: E402
 
 import flowspark.operators as op  # noqa: E402
 from flowspark.dataflow import Dataflow  # noqa: E402
-from flowspark.spark.inputs import SparkSource  # noqa: E402
-from flowspark.spark.outputs import SparkSink  # noqa: E402
+from flowspark.spark.io.inputs import SparkSource  # noqa: E402
+from flowspark.spark.io.outputs import SparkSink  # noqa: E402
 
 
 def _count(state: Optional[int], _v: Any) -> tuple[int, int]:

@@ -46,8 +46,8 @@ from typing import Any, Optional
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.operators import StatefulLogic
-from flowspark.spark.inputs import SparkSource
-from flowspark.spark.outputs import SparkSink
+from flowspark.spark.io.inputs import SparkSource
+from flowspark.spark.io.outputs import SparkSink
 
 HOT_KEYS = 10_000
 HOT_EVENTS = 100_000

@@ -38,8 +38,8 @@ from typing import Any
 import flowspark.operators as op
 import flowspark.operators.windowing as win
 from flowspark.dataflow import Dataflow
-from flowspark.spark.inputs import SparkSource
-from flowspark.spark.outputs import SparkSink
+from flowspark.spark.io.inputs import SparkSource
+from flowspark.spark.io.outputs import SparkSink
 
 #: Event times start here (a minute boundary: window ids are minutes since START).
 START = datetime(2026, 1, 1, tzinfo=timezone.utc)

@@ -287,7 +287,7 @@ def _plan_json(plan: Any, describe: Any) -> dict[str, Any]:
 
 def _state_layout(plan: Any, streaming: Any, partitions: Optional[int]) -> list[dict[str, Any]]:
     """How each keyed stage partitions its keys and keeps their state, in the lowering's own words."""
-    from flowspark.spark.describe import describe_keyed_state, describe_stage
+    from flowspark.spark.batch.describe import describe_keyed_state, describe_stage
 
     out = []
     for st in plan.stages:
@@ -318,12 +318,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         msg = "--spark prints the Spark plan as text or json; use --format text or --format json"
         raise CliError(msg)
     _need_pyspark("plan --spark")
-    from flowspark.spark.compiler import compile_flow
-    from flowspark.spark.describe import describe_stage
-    from flowspark.spark.optimize import Env, optimize
+    from flowspark.spark.batch.describe import describe_stage
+    from flowspark.spark.plan.compiler import compile_flow
+    from flowspark.spark.rules.optimizer import Env, optimize
+    from flowspark.spark.rules.switches import rules_arg
     from flowspark.spark.streaming import Lowering, compile_streaming, needs_timers
     from flowspark.spark.streaming.checkpoint import untimed_choice
-    from flowspark.spark.switches import rules_arg
 
     plan = compile_flow(flow.validate())
     chosen = rules_arg(args.rules, "--rules")
@@ -446,7 +446,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         run_workers("flowspark run", flow, workers or 1, state_ttl=args.state_ttl, dead_letter=_dead_letter(args))
         return 0
     _need_pyspark("run --runtime spark")
-    from flowspark.spark.switches import rules_arg
+    from flowspark.spark.rules.switches import rules_arg
 
     rules_arg(args.rules, "--rules")  # a bad value before a session starts
     conf = dict(args.conf)

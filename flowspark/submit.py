@@ -259,8 +259,8 @@ def submit(args: argparse.Namespace) -> int:
     from flowspark._importstr import locate_dataflow
 
     flow = locate_dataflow(args.import_str)
-    from flowspark.spark.batch import check_bounded
-    from flowspark.spark.compiler import compile_flow
+    from flowspark.spark.batch.job import check_bounded
+    from flowspark.spark.plan.compiler import compile_flow
     from flowspark.spark.streaming import compile_streaming
 
     plan = compile_flow(flow.validate())

@@ -25,7 +25,7 @@ Two timelines are offered here:
   from that snapshot is not asked again before its first activation.
 
 Tags. `drive` carries each value's *tag*, bytes that sort in processing order
-(the Spark runtimes' sequences, see `flowspark.spark.codec`). An emit gets its
+(the Spark runtimes' sequences, see `flowspark.spark.worker.codec`). An emit gets its
 value's tag with the key moved in right after the activation header (`regroup`: the
 emits of one activation sort by key, as Bytewax groups an activation by key
 before a stateful step) plus one 4-byte component (`idx`: its index among the
@@ -84,7 +84,7 @@ EOF_BASE = 1 << 31
 #: activation a source stamps.
 EOF_HEADER = 0xFFFFFFFFFFFF0000
 #: Length of the activation header of every Spark sequence (`>Q`: the source batch, see
-#: `flowspark.spark.codec`). A merge inserts its upstream's index, a stateful step its
+#: `flowspark.spark.worker.codec`). A merge inserts its upstream's index, a stateful step its
 #: key, right after it.
 HEAD_LEN = 8
 #: Length of a source's sequences: the activation, source index, partition and offset
@@ -144,7 +144,7 @@ def regroup(tag: bytes, ktag: bytes) -> bytes:
         their former order. Empty for an empty tag.
 
     Example:
-        >>> from flowspark.spark.codec import source_seq
+        >>> from flowspark.spark.worker.codec import source_seq
         >>> a1, b0 = source_seq(0, 0, 1, 0), source_seq(0, 1, 1, 0)  # partitions 0 and 1
         >>> regroup(b0, key_tag("a")) < regroup(a1, key_tag("b"))
         True

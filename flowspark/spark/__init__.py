@@ -6,12 +6,13 @@ returns when it is done; when a source is unbounded the flow runs as a
 Structured Streaming query with its state and offsets in `checkpoint`
 (`flowspark.spark.streaming`). This package is the only place that imports pyspark.
 
-Modules by concern: `plan` (the plan's types), `compiler` (graph -> plan),
-`codec` (items, sequences, the task-error marker), `worker` (what runs inside
-Python workers), `batch` and `streaming` (the two lowerings of a plan), `api`
-(`run`), `pysource` (the Python data source), `inputs`/`outputs`/`kafka` (Spark
-sources and sinks), `session` (sessions, shipping user modules), `tools`
-(physical plans, progress, checkpoint state for the CLI).
+Folders by layer, each importing only the ones before it (`tests/unit/test_architecture.py`):
+`session`/`compat`/`carrier` (sessions, pyspark's private APIs, shipping flowspark);
+`plan.types` (the plan's types, pure data); `worker/` (what runs inside Python workers:
+the stage function, ops, codec, rows); `io/` (Spark sources and sinks, Kafka, the Python
+data source); `plan.compiler` (graph -> plan) and `rules/` (the optimizer: plan -> physical
+plan); `batch/` and `streaming/` (the two lowerings); `api` (`run`) and `tools` (the CLI's
+Spark side).
 """
 
 from __future__ import annotations
@@ -22,21 +23,24 @@ from flowspark._lazy import lazy_names
 
 if TYPE_CHECKING:
     from flowspark.spark.api import run
-    from flowspark.spark.compiler import compile_flow
-    from flowspark.spark.inputs import SparkSource
-    from flowspark.spark.outputs import ForeachBatchSink, SparkSink
-    from flowspark.spark.plan import Plan
+    from flowspark.spark.io.inputs import SparkSource
+    from flowspark.spark.io.kafka import KafkaSink, KafkaSource
+    from flowspark.spark.io.outputs import ForeachBatchSink, SparkSink
+    from flowspark.spark.plan.compiler import compile_flow
+    from flowspark.spark.plan.types import Plan
 
-__all__ = ["ForeachBatchSink", "Plan", "SparkSink", "SparkSource", "compile_flow", "run"]
+__all__ = ["ForeachBatchSink", "KafkaSink", "KafkaSource", "Plan", "SparkSink", "SparkSource", "compile_flow", "run"]
 
 #: Where each name of `__all__` lives. Imported on first use: a Python worker that unpickles a
 #: function of one submodule (e.g. `flowspark.spark.streaming.state`) does not import them all.
 _HOMES = {
-    "ForeachBatchSink": "flowspark.spark.outputs",
-    "Plan": "flowspark.spark.plan",
-    "SparkSink": "flowspark.spark.outputs",
-    "SparkSource": "flowspark.spark.inputs",
-    "compile_flow": "flowspark.spark.compiler",
+    "ForeachBatchSink": "flowspark.spark.io.outputs",
+    "KafkaSink": "flowspark.spark.io.kafka",
+    "KafkaSource": "flowspark.spark.io.kafka",
+    "Plan": "flowspark.spark.plan.types",
+    "SparkSink": "flowspark.spark.io.outputs",
+    "SparkSource": "flowspark.spark.io.inputs",
+    "compile_flow": "flowspark.spark.plan.compiler",
     "run": "flowspark.spark.api",
 }
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from flowspark.errors import FlowsparkTypeError
-from flowspark.spark.batch import run_plan
-from flowspark.spark.compiler import as_graph, compile_flow
-from flowspark.spark.plan import Plan
+from flowspark.spark.batch.job import run_plan
+from flowspark.spark.plan.compiler import as_graph, compile_flow
+from flowspark.spark.plan.types import Plan
 from flowspark.spark.streaming.checkpoint import check_recorded
 from flowspark.spark.streaming.ckfs import is_local
 from flowspark.spark.streaming.lowering import compile_streaming, needs_timers
@@ -35,7 +35,7 @@ def run(
             (required); ignored by batch runs.
         trigger: For unbounded flows: `None` (run until stopped), `"available_now"`
             or an interval like `"5 seconds"` (see `run_streaming`).
-        **options: Options of `flowspark.spark.batch.run_plan` (bounded flows) or
+        **options: Options of `flowspark.spark.batch.job.run_plan` (bounded flows) or
             `run_streaming` (unbounded flows). Both take `progress`; only a stream prints
             progress lines (a batch job prints none, whatever its value).
 

@@ -7,7 +7,7 @@ the zip to the tasks of batch jobs and of streaming queries (`mapInArrow`,
 there), but not to the Python process that plans a streaming Python data source
 (measured on Spark 4.3, both kinds of session: the query fails while Spark builds
 its logical plan with `No module named 'flowspark'`). The
-data sources (`flowspark.spark.pysource`) are then registered in carriers: classes
+data sources (`flowspark.spark.io.pysource`) are then registered in carriers: classes
 of this module, which pickle *by value* (this module imports nothing of flowspark
 and is registered with cloudpickle as such), holding the flowspark zip and the real
 class pickled. The first call in a Python process writes the zip to a temporary

@@ -10,7 +10,7 @@ runs each function on a session, and `tests/unit/test_architecture.py` keeps the
 out of every other module.
 
 Importing this module imports nothing of pyspark (the workers import it through
-`flowspark.spark.codec`).
+`flowspark.spark.worker.codec`).
 """
 
 from __future__ import annotations

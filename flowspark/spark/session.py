@@ -141,7 +141,7 @@ def probe(_):
     import sys
     try:
         import flowspark
-        for name in ("flowspark.spark.worker", "flowspark.spark.streaming.state"):
+        for name in ("flowspark.spark.worker.stage", "flowspark.spark.streaming.state"):
             importlib.import_module(name)
     except ImportError as e:
         return ("missing", getattr(e, "name", None) or str(e), sys.executable)

@@ -49,14 +49,14 @@ def physical_plans(
         plan: A `flowspark.spark.Plan` (the plain plan: `compile_flow`).
         spark: The SparkSession.
         mode: Spark's explain mode (`simple`, `extended`, `formatted`, `cost`, `codegen`).
-        rules: The rules switched on (`flowspark.spark.switches.rules_arg`).
+        rules: The rules switched on (`flowspark.spark.rules.switches.rules_arg`).
 
     Returns:
         `(physical plan, [(stage id, plan text)])`; a stage whose steps run in the keyed stage
         reading it (the rule `spark_keys`) has no DataFrame of its own and no entry.
     """
-    from flowspark.spark.batch import build_dataframes
-    from flowspark.spark.switches import rules_arg
+    from flowspark.spark.batch.job import build_dataframes
+    from flowspark.spark.rules.switches import rules_arg
 
     physical, dfs = build_dataframes(plan, spark, rules_arg(rules, "flowspark plan"))
     return physical, [(sid, explain_string(spark, df, mode)) for sid, df in sorted(dfs.items())]
@@ -459,17 +459,17 @@ def streaming_physical_plans(
         spark: The SparkSession.
         buckets: State buckets of the keyed stage.
         mode: Spark's explain mode.
-        rules: The rules switched on (`flowspark.spark.switches.rules_arg`).
+        rules: The rules switched on (`flowspark.spark.rules.switches.rules_arg`).
         layout: The state layout (`flowspark.spark.streaming.state.LAYOUTS`); default a new
             checkpoint's.
 
     Returns:
         `(physical plan, [(stage id, plan text)])` (a new query's choices).
     """
+    from flowspark.spark.rules.switches import rules_arg
     from flowspark.spark.streaming import StreamingRun, compile_streaming, needs_timers
     from flowspark.spark.streaming.checkpoint import check_meta, untimed_choice
     from flowspark.spark.streaming.state import LAYOUTS
-    from flowspark.spark.switches import rules_arg
 
     plan = compile_streaming(flow)
     chosen = layout or LAYOUTS[0]

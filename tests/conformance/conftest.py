@@ -13,7 +13,7 @@ state layouts, which must give the same results.
 
 "spark-rules-none" and "spark-streaming-rules-none" run the same lowerings with every
 optimizer rule switched off (`rules="none"`, the reference lowering): each rule's fast path must
-give the results the reference does (`flowspark.spark.optimize`). They behave as "spark" and
+give the results the reference does (`flowspark.spark.rules.optimizer`). They behave as "spark" and
 "spark-streaming" for `notimpl` markers.
 """
 

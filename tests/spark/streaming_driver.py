@@ -18,7 +18,7 @@ from streaming_helpers import JsonlDirSource, count_mapper  # noqa: E402
 
 import flowspark.operators as op  # noqa: E402
 from flowspark.dataflow import Dataflow  # noqa: E402
-from flowspark.spark.outputs import SparkSink  # noqa: E402
+from flowspark.spark.io.outputs import SparkSink  # noqa: E402
 
 
 def as_row(kv):

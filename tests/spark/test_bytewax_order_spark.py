@@ -4,7 +4,7 @@ Bytewax polls one batch of every partition of every source in turn, groups the i
 of one such activation by key, keys in sorted order, before a stateful step, and ends
 keys in sorted key order. The Spark batch runtime sorts a driver-side sink's items by
 their sequences, which start with the activation and, after a stateful step, the key
-(`flowspark.spark.codec`). Each case runs the
+(`flowspark.spark.worker.codec`). Each case runs the
 same flow on bytewax's `run_main` and on `flowspark.spark.run` and compares the lists.
 The logics emit per value (`stateful_map`, `fold_final`): on Spark a key's values reach
 `on_batch` in larger batches than Bytewax's, which only a logic that emits per batch sees.

@@ -21,8 +21,8 @@ import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError
 from flowspark.spark import SparkSink, SparkSource, compile_flow, run
-from flowspark.spark.describe import describe_stage
-from flowspark.spark.optimize import Env, optimize
+from flowspark.spark.batch.describe import describe_stage
+from flowspark.spark.rules.optimizer import Env, optimize
 from flowspark.testing import TestingSink, TestingSource, per_key, run_main
 
 pytestmark = [pytest.mark.spark]

@@ -255,7 +255,7 @@ def _rows_flow(tmp_path: Path, items: list[Any], schema: Any, second_reader: boo
 
 def test_a_spark_sink_read_alone_gets_its_rows_from_the_stage_itself():
     from flowspark.spark import compile_flow
-    from flowspark.spark.optimize import Env, optimize
+    from flowspark.spark.rules.optimizer import Env, optimize
 
     alone = optimize(compile_flow(_rows_flow(Path("/x"), [], "user STRING", second_reader=False)), Env("batch"))
     shared = optimize(compile_flow(_rows_flow(Path("/x"), [], "user STRING", second_reader=True)), Env("batch"))

@@ -66,8 +66,8 @@ def _dead(spark, path: str) -> list:
 
 def test_batch_job_sends_the_same_items_to_the_dead_letter_as_in_memory(spark, tmp_path):
     from flowspark.spark import run
-    from flowspark.spark.inputs import SparkSource
-    from flowspark.spark.outputs import SparkSink
+    from flowspark.spark.io.inputs import SparkSource
+    from flowspark.spark.io.outputs import SparkSink
 
     src_dir, out_dir, dl = str(tmp_path / "in"), str(tmp_path / "out"), str(tmp_path / "dead")
     spark.createDataFrame(ROWS, "user STRING, n LONG").coalesce(1).write.parquet(src_dir)
@@ -110,8 +110,8 @@ def _write_json(path: str, rows: list) -> None:
 def test_stream_stuck_on_a_poison_row_goes_on_with_a_dead_letter_exactly_once(spark, tmp_path):
     """A query stopped by a poison row, restarted on its checkpoint with a dead letter; then a replayed micro-batch."""
     from flowspark.spark import run
-    from flowspark.spark.inputs import SparkSource
-    from flowspark.spark.outputs import SparkSink
+    from flowspark.spark.io.inputs import SparkSource
+    from flowspark.spark.io.outputs import SparkSink
 
     src_dir, out_dir, chk, dl = (str(tmp_path / d) for d in ("in", "out", "chk", "dead"))
     for i in range(0, len(ROWS), 2):

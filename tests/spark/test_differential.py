@@ -6,7 +6,7 @@ run uses `clock="fixed"` with the same start time as the Spark run, so timers
 fire on the same per-key timeline.
 
 Each property also runs with every optimizer rule switched off (`rules="none"`: the reference
-lowering, `flowspark.spark.optimize`), on fewer examples: the fast paths and the reference must
+lowering, `flowspark.spark.rules.optimizer`), on fewer examples: the fast paths and the reference must
 both agree with the in-memory executor.
 """
 

@@ -38,7 +38,7 @@ def _write(folder: str, name: str, fmt: str, rows: list) -> str:
 
 
 def _source(fmt: str, folder: str, streaming: bool, schema: str = SCHEMA, options: dict | None = None):
-    from flowspark.spark.inputs import SparkSource
+    from flowspark.spark.io.inputs import SparkSource
 
     opts = {"header": "true"} if fmt == "csv" else {}
     return SparkSource(fmt, folder, schema=schema, options={**opts, **(options or {})}, streaming=streaming)
@@ -54,7 +54,7 @@ def _flow(src, sink, key=lambda r: r["user"]) -> Dataflow:
 
 
 def _parquet_sink(path: str):
-    from flowspark.spark.outputs import SparkSink
+    from flowspark.spark.io.outputs import SparkSink
 
     return SparkSink("parquet", path, schema="user STRING, n LONG")
 

@@ -285,7 +285,7 @@ def test_flowspark_plan_shows_the_aggregate(spark, tmp_path):
     text = str(plan)
     assert text.count("rule native_reduction: applied") == len(OUTS)
     assert "rule spark_keys: not applied (Spark aggregates the stage (native_reduction))" in text
-    from flowspark.spark.describe import describe_stage
+    from flowspark.spark.batch.describe import describe_stage
 
     assert "groupBy('user').agg(sum('amount')" in plan.render(describe_stage)
 

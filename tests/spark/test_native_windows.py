@@ -23,7 +23,7 @@ from flowspark import reducers
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError
 from flowspark.spark import SparkSink, SparkSource, compile_flow, run
-from flowspark.spark.describe import describe_stage
+from flowspark.spark.batch.describe import describe_stage
 from flowspark.spark.tools import physical_plans
 from flowspark.testing import TestingSink, TestingSource, run_main
 

@@ -1,6 +1,6 @@
 """Every optimizer rule against the reference: same output with the rule, without it and with none.
 
-For each rule (`flowspark.spark.optimize.RULES`) a small flow where it applies runs on Spark
+For each rule (`flowspark.spark.rules.optimizer.RULES`) a small flow where it applies runs on Spark
 with every rule switched on (the decision record must say it applied), with that rule switched
 off (`rules="-NAME"`) and with every rule switched off (`rules="none"`, the reference lowering),
 and in memory (`run_main`). The four outputs must be equal per key: keys interleave in no order
@@ -31,8 +31,8 @@ from flowspark.dataflow import Dataflow
 from flowspark.deadletter import DeadLetterDir
 from flowspark.errors import FlowsparkRuntimeError, RecoveryError
 from flowspark.spark import SparkSink, SparkSource, compile_flow, run
-from flowspark.spark.optimize import RULES
-from flowspark.spark.switches import rule_names
+from flowspark.spark.rules.optimizer import RULES
+from flowspark.spark.rules.switches import rule_names
 from flowspark.spark.tools import physical_plans
 from flowspark.testing import TestingSink, TestingSource, per_key, run_main
 
@@ -605,7 +605,7 @@ def _running_rows(src: Any, out: Any) -> Dataflow:
 
 def test_prefix_sample_infers_the_schema_from_output_items_of_the_first_rows(runs, tmp_path, monkeypatch):
     """10,000 rows in two files: the sample is real output items (each key's first counts), read by a limit."""
-    import flowspark.spark.batch as batch_lowering
+    import flowspark.spark.batch.job as batch_lowering
 
     spark = runs.spark
     events = [{"user": f"u{i % 97}", "v": i} for i in range(10_000)]
@@ -658,7 +658,7 @@ def test_prefix_sample_infers_the_schema_from_output_items_of_the_first_rows(run
 
 def test_driver_prefix_reads_partition_0s_files_in_spark_order(runs, tmp_path, monkeypatch):
     """Small files packed into partition 0 (a low open cost): the rows are read across them, as Spark orders them."""
-    import flowspark.spark.batch as batch_lowering
+    import flowspark.spark.batch.job as batch_lowering
 
     spark = runs.spark
     src = str(tmp_path / "in")

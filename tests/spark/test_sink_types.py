@@ -19,8 +19,8 @@ import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError
 from flowspark.spark import compile_flow, run
-from flowspark.spark.optimize import Env, optimize
-from flowspark.spark.outputs import SparkSink
+from flowspark.spark.io.outputs import SparkSink
+from flowspark.spark.rules.optimizer import Env, optimize
 from flowspark.testing import TestingSink, TestingSource
 
 pytestmark = [pytest.mark.spark]

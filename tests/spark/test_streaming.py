@@ -217,7 +217,7 @@ def test_same_output_as_in_memory_executor(spark, tmp_path, parts):
 
 def test_malformed_rows_go_to_a_dead_letter_output(spark, tmp_path):
     from flowspark.spark import run
-    from flowspark.spark.inputs import SparkSource
+    from flowspark.spark.io.inputs import SparkSource
 
     src_dir = tmp_path / "json"
     src_dir.mkdir()

@@ -12,8 +12,8 @@ import flowspark.operators as op
 import flowspark.operators.windowing as win
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError
-from flowspark.spark.inputs import SparkSource
-from flowspark.spark.outputs import SparkSink
+from flowspark.spark.io.inputs import SparkSource
+from flowspark.spark.io.outputs import SparkSink
 from flowspark.testing import TestingSink, TestingSource, per_key, run_main
 
 pytestmark = [pytest.mark.spark]

@@ -19,7 +19,7 @@ from streaming_helpers import (
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError
-from flowspark.spark.outputs import SparkSink
+from flowspark.spark.io.outputs import SparkSink
 from flowspark.spark.streaming import META_FILE
 
 pytestmark = [pytest.mark.spark]
@@ -101,8 +101,8 @@ def test_error_in_the_source_stage_inside_the_read_names_the_step(spark, tmp_pat
 
 
 def test_reader_splits_a_partition_range_over_the_tasks_and_keeps_positions():
-    from flowspark.spark import pysource
-    from flowspark.spark.codec import loads, source_seq
+    from flowspark.spark.io import pysource
+    from flowspark.spark.worker.codec import loads, source_seq
 
     src = ListSource({"only": list(range(12_000))}, batch=6000)
     reader = pysource._Reader("f.inp", src, 0, 100_000, None, None, 4)

@@ -14,7 +14,7 @@ def _value_row(r):
 
 
 def _kafka_flow():
-    from flowspark.spark.kafka import KafkaSink, KafkaSource
+    from flowspark.spark.io.kafka import KafkaSink, KafkaSource
 
     flow = Dataflow("kafka_flow")
     recs = op.input("inp", flow, KafkaSource(["b1:9092", "b2:9092"], ["clicks", "views"], starting_offsets="latest"))
@@ -23,7 +23,7 @@ def _kafka_flow():
 
 
 def test_kafka_compiles_to_spark_kafka_source_and_sink():
-    from flowspark.spark.kafka import KAFKA_PACKAGE
+    from flowspark.spark.io.kafka import KAFKA_PACKAGE
     from flowspark.spark.streaming import compile_streaming
 
     flow = _kafka_flow()
@@ -45,7 +45,7 @@ def test_kafka_compiles_to_spark_kafka_source_and_sink():
 
 
 def test_kafka_bad_arguments():
-    from flowspark.spark.kafka import KafkaSink, KafkaSource
+    from flowspark.spark.io.kafka import KafkaSink, KafkaSource
 
     with pytest.raises(FlowsparkTypeError, match="KafkaSource topics must be a non-empty str"):
         KafkaSource("b:9092", [])

@@ -8,7 +8,7 @@ from streaming_helpers import EndingListSource, ListSource
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
-from flowspark.spark.outputs import SparkSink
+from flowspark.spark.io.outputs import SparkSink
 from flowspark.testing import TestingSink, per_key, run_main
 
 # Partitions of different lengths, read 2 items per source batch: a micro-batch holds several
@@ -85,7 +85,7 @@ def test_a_source_stage_that_is_not_one_to_one_keeps_its_sequences(spark, tmp_pa
 
 
 def test_a_replayed_micro_batch_numbers_its_items_the_same():
-    from flowspark.spark import pysource
+    from flowspark.spark.io import pysource
 
     def rows(reader, start, end):
         return [row[1:] for p in reader.partitions(start, end) for row in reader.read(p)]

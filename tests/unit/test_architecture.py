@@ -98,12 +98,70 @@ def test_the_cycle_check_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": set()}) == []
 
 
+#: The layers of `flowspark/spark/`, lowest first: a module imports modules of its own layer or of
+#: layers before it, never of a later one (docs/architecture.md draws them). A name ending in `.`
+#: is a folder.
+SPARK_LAYERS = (
+    ("session", ("flowspark.spark.session", "flowspark.spark.compat", "flowspark.spark.carrier")),
+    ("plan types", ("flowspark.spark.plan.types",)),
+    ("worker", ("flowspark.spark.worker.",)),
+    ("io", ("flowspark.spark.io.",)),
+    ("compiler and rules", ("flowspark.spark.plan.compiler", "flowspark.spark.rules.")),
+    ("lowerings", ("flowspark.spark.batch.", "flowspark.spark.streaming.")),
+    ("entry points", ("flowspark.spark.api", "flowspark.spark.tools")),
+)
+
+
+def _layer(module: str) -> int | None:
+    for i, (_name, members) in enumerate(SPARK_LAYERS):
+        if any(module == m or (m.endswith(".") and module.startswith(m)) for m in members):
+            return i
+    return None
+
+
+def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for m, deps in graph.items():
+        mine = _layer(m)
+        if mine is None:
+            continue
+        for d in deps:
+            theirs = _layer(d)
+            if theirs is not None and theirs > mine:
+                out.append(f"{m} ({SPARK_LAYERS[mine][0]}) imports {d} ({SPARK_LAYERS[theirs][0]})")
+    return sorted(out)
+
+
+def test_every_module_under_flowspark_spark_has_a_layer():
+    graph = _imports()
+    spark = [m for m in graph if m.startswith("flowspark.spark.") and not m.endswith(".__init__")]
+    packages = {m for m in spark if (ROOT.parent / m.replace(".", "/") / "__init__.py").exists()}
+    assert sorted(m for m in spark if m not in packages and _layer(m) is None) == []
+
+
+def test_the_spark_layers_import_only_downwards():
+    assert _layer_violations(_imports()) == []
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"flowspark.spark.worker.stage": {"flowspark.spark.rules.optimizer"}, "flowspark.spark.io.x": set()}
+    assert _layer_violations(graph) == [
+        "flowspark.spark.worker.stage (worker) imports flowspark.spark.rules.optimizer (compiler and rules)"
+    ]
+
+
 def test_the_lowerings_do_not_import_each_other():
-    """Batch and streaming share Spark helpers through modules both use (`flowspark.spark.columns` ...)."""
+    """Batch and streaming share Spark helpers through the layers below them (`flowspark.spark.io.columns` ...)."""
     graph = _imports()
     streaming = {m for m in graph if m.startswith("flowspark.spark.streaming")}
-    assert not [m for m in streaming if "flowspark.spark.batch" in graph[m]]
-    assert not [d for d in graph["flowspark.spark.batch"] if d.startswith("flowspark.spark.streaming")]
+    batch = {m for m in graph if m.startswith("flowspark.spark.batch")}
+    assert not [(m, d) for m in streaming for d in graph[m] if d in batch]
+    assert not [(m, d) for m in batch for d in graph[m] if d in streaming]
+
+
+def test_at_most_eight_modules_at_the_top_of_flowspark_spark():
+    top = sorted(p.name for p in SPARK.glob("*.py"))
+    assert len(top) <= 8, top
 
 
 def _private_imports() -> list[str]:
@@ -301,6 +359,14 @@ def test_the_private_api_scan_finds_code_and_strings_but_not_docstrings():
 
 # --------------------------------------------------------------------------- the plan
 def test_the_plan_imports_no_runtime_and_no_lowering():
-    deps = _imports()["flowspark.spark.plan"]
-    lowerings = ("flowspark.runtime", "flowspark.spark.batch", "flowspark.spark.streaming")
-    assert sorted(d for d in deps if d.startswith(lowerings)) == []
+    graph = _imports()
+    lowerings = ("flowspark.runtime", "flowspark.spark.batch", "flowspark.spark.streaming", "flowspark.spark.rules")
+    for module in ("flowspark.spark.plan.types", "flowspark.spark.plan.compiler"):
+        assert sorted(d for d in graph[module] if d.startswith(lowerings) and d != "flowspark.runtime.driver") == []
+    assert graph["flowspark.spark.plan.types"] <= {"flowspark.ir"}
+
+
+def test_no_rules_module_is_over_400_lines():
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (SPARK / "rules").glob("*.py")}
+    assert len(sizes) >= 8
+    assert {p: n for p, n in sizes.items() if n > 400} == {}

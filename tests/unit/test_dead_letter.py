@@ -158,9 +158,9 @@ def test_record_unwraps_flowspark_errors_and_survives_a_broken_repr():
 
 
 def test_a_malformed_row_marker_built_by_spark_decodes_to_the_input_steps_error():
-    """The marker `flowspark.spark.inputs.load_rows` builds in SQL (hex of UTF-8 fields) inside a Spark error."""
+    """The marker `flowspark.spark.io.inputs.load_rows` builds in SQL (hex of UTF-8 fields) inside a Spark error."""
     from flowspark.deadletter import malformed_record
-    from flowspark.spark.codec import MALFORMED_MARK, decode_task_error
+    from flowspark.spark.worker.codec import MALFORMED_MARK, decode_task_error
 
     step, file, raw = "f.inp", "file:/data/p1.json", '{"user": "é' + "x" * 300
     hexed = "|".join(x.encode().hex().upper() for x in (step, file, raw[:200]))

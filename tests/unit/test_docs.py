@@ -190,8 +190,8 @@ def test_python_examples_run(page):
 
 def test_the_rules_table_is_current():
     """docs/architecture.md lists every optimizer rule as `describe_rules()` gives it."""
-    from flowspark.spark.optimize import RULES
-    from flowspark.spark.switches import describe_rules
+    from flowspark.spark.rules.optimizer import RULES
+    from flowspark.spark.rules.switches import describe_rules
 
     text = (DOCS / "architecture.md").read_text()
     table = text.split("<!-- rules table -->\n")[1].split("\n<!-- end rules table -->")[0]

@@ -457,7 +457,7 @@ def test_submit_dry_run_prints_command_and_packages(project):
     assert cmd[-1] == str(work / "flowspark_driver.py")
     names = set(zipfile.ZipFile(work / "flow.zip").namelist())
     assert {f"{pkg}/__init__.py", f"{pkg}/flows.py", f"{pkg}/helpers.py"} <= names
-    assert {"flowspark/__init__.py", "flowspark/cli.py", "flowspark/spark/batch.py"} <= names
+    assert {"flowspark/__init__.py", "flowspark/cli.py", "flowspark/spark/batch/job.py"} <= names
     assert not any("__pycache__" in n for n in names)
     driver = (work / "flowspark_driver.py").read_text()
     assert (

@@ -12,7 +12,7 @@ from flowspark import ir
 from flowspark._keyfn import column_of, pair_row_of
 from flowspark.dataflow import Dataflow
 from flowspark.spark import SparkSource, compile_flow
-from flowspark.spark.optimize import Env, optimize
+from flowspark.spark.rules.optimizer import Env, optimize
 from flowspark.testing import TestingSink, TestingSource
 
 

@@ -23,21 +23,41 @@ def test_a_worker_module_does_not_import_the_whole_package():
     pytest.importorskip("pyspark")
     mods = _imported_after("import flowspark.spark.streaming.keylayout")
     assert "flowspark.spark.streaming.keylayout" in mods
-    assert not {"flowspark.spark.api", "flowspark.spark.batch", "flowspark.spark.streaming.query"} & mods
+    assert not {"flowspark.spark.api", "flowspark.spark.batch.job", "flowspark.spark.streaming.query"} & mods
 
 
 def test_the_packages_names_resolve_and_an_unknown_one_is_an_attribute_error():
     pytest.importorskip("pyspark")
     import flowspark.spark as fs
     import flowspark.spark.streaming as fss
-    from flowspark.spark import ForeachBatchSink, Plan, SparkSink, SparkSource, compile_flow, run
+    from flowspark.spark import (
+        ForeachBatchSink,
+        KafkaSink,
+        KafkaSource,
+        Plan,
+        SparkSink,
+        SparkSource,
+        compile_flow,
+        run,
+    )
     from flowspark.spark.api import run as api_run
+    from flowspark.spark.io.kafka import KafkaSource as kafka_source
     from flowspark.spark.streaming.run import run_streaming
 
     assert run is api_run
     assert fss.run_streaming is run_streaming
-    assert all(callable(x) for x in (ForeachBatchSink, Plan, SparkSink, SparkSource, compile_flow))
-    assert set(fs.__all__) == {"ForeachBatchSink", "Plan", "SparkSink", "SparkSource", "compile_flow", "run"}
+    assert KafkaSource is kafka_source
+    assert all(callable(x) for x in (ForeachBatchSink, KafkaSink, Plan, SparkSink, SparkSource, compile_flow))
+    assert set(fs.__all__) == {
+        "ForeachBatchSink",
+        "KafkaSink",
+        "KafkaSource",
+        "Plan",
+        "SparkSink",
+        "SparkSource",
+        "compile_flow",
+        "run",
+    }
     for name in fss.__all__:
         assert getattr(fss, name) is not None
     with pytest.raises(AttributeError, match="module 'flowspark.spark' has no attribute 'nope'"):

@@ -7,9 +7,9 @@ import enum
 import pandas as pd
 import pytest
 
-from flowspark.spark.rows import RowSchema
 from flowspark.spark.streaming.state import sink_frame
-from flowspark.spark.worker import dict_rows
+from flowspark.spark.worker.rows import RowSchema
+from flowspark.spark.worker.stage import dict_rows
 
 
 class Color(str, enum.Enum):

@@ -11,9 +11,9 @@ from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
 from flowspark.inputs import SimplePollingSource
 from flowspark.spark import SparkSink, SparkSource, compile_flow
-from flowspark.spark.batch import check_bounded, describe_stage
-from flowspark.spark.optimize import Env, optimize
-from flowspark.spark.switches import rules_arg
+from flowspark.spark.batch.job import check_bounded, describe_stage
+from flowspark.spark.rules.optimizer import Env, optimize
+from flowspark.spark.rules.switches import rules_arg
 from flowspark.testing import TestingSink, TestingSource
 
 

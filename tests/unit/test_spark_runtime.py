@@ -21,7 +21,10 @@ from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_err
 from flowspark.operators import StatefulLogic
 from flowspark.runtime.driver import drive_chain, drive_states, idx
 from flowspark.spark import SparkSink, SparkSource, compile_flow, run
-from flowspark.spark.codec import (
+from flowspark.spark.plan.types import KeyedStep, Port, StageSpec
+from flowspark.spark.rules.optimizer import Env, optimize
+from flowspark.spark.streaming.state import BucketDriver
+from flowspark.spark.worker.codec import (
     CAUSE_LIMIT,
     SINGLES,
     apply_pad,
@@ -34,11 +37,8 @@ from flowspark.spark.codec import (
     source_items,
     source_seq,
 )
-from flowspark.spark.optimize import Env, optimize
-from flowspark.spark.plan import KeyedStep, Port, StageSpec
-from flowspark.spark.rows import RowSchema
-from flowspark.spark.streaming.state import BucketDriver
-from flowspark.spark.worker import run_stage_rows, stage_drivers
+from flowspark.spark.worker.rows import RowSchema
+from flowspark.spark.worker.stage import run_stage_rows, stage_drivers
 from flowspark.testing import TestingSink, TestingSource
 
 StepFailure = FlowsparkRuntimeError  # what a worker raises for a failed step
@@ -52,7 +52,7 @@ def drivers_of(steps):
 
 
 def physical(plan, **env):
-    """The plan as the streaming lowering runs it, for `env` (`flowspark.spark.optimize.Env`'s fields)."""
+    """The plan as the streaming lowering runs it, for `env` (`flowspark.spark.rules.optimizer.Env`'s fields)."""
     return optimize(plan, Env("streaming", **env))
 
 
@@ -634,7 +634,7 @@ def test_source_items_stamp_activations_and_offsets(n):
 
 
 def test_chunk_bounds_keep_source_batches_across_chunks_and_cuts():
-    from flowspark.spark.codec import chunk_bounds
+    from flowspark.spark.worker.codec import chunk_bounds
 
     # 10 items, batches of 3, a PAUSE before item 4 (a batch starts there), chunks of 4.
     chunks = list(chunk_bounds(10, 4, 3, [4]))
@@ -784,7 +784,7 @@ def _branchy_flow(fail_on=None):
 
 def test_a_sink_stages_steps_over_whole_lists_give_each_streams_items():
     """`unordered_streams` against `stage_streams`: the same items in every stream (any order); an error falls back."""
-    from flowspark.spark.ops import stage_streams, unordered_streams
+    from flowspark.spark.worker.ops import stage_streams, unordered_streams
 
     spec = next(st.spec for st in _branchy_flow().stages if st.spec.chain)
     chain_out = [("a", 1), ("b", 0), ("a", 3), ("c", 2), ("b", 5), ("c", 0)]
@@ -959,7 +959,7 @@ def test_a_stage_driven_on_values_gives_the_chains_port_rows(sequences):
     """
     import pyarrow as pa
 
-    from flowspark.spark.worker import stage_function
+    from flowspark.spark.worker.stage import stage_function
 
     plan = optimize(compile_flow(_count_then_total([{"user": "a", "v": 1}])), Env("batch"))
     assert plan.decision("values_driver", "stage 1").applied

@@ -6,7 +6,7 @@ from datetime import datetime, timezone
 
 import pytest
 
-from flowspark.spark.times import arrow_rows, aware_times
+from flowspark.spark.worker.times import arrow_rows, aware_times
 
 pa = pytest.importorskip("pyarrow")
 

@@ -13,8 +13,8 @@ from flowspark import reducers
 from flowspark.dataflow import Dataflow
 from flowspark.ir import StatefulBatch
 from flowspark.spark import SparkSink, SparkSource, compile_flow
-from flowspark.spark.optimize import Env, optimize
-from flowspark.spark.times import fixed_offset
+from flowspark.spark.rules.optimizer import Env, optimize
+from flowspark.spark.worker.times import fixed_offset
 from flowspark.testing import TestingSink, TestingSource, run_main
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)

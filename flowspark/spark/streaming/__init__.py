@@ -1,11 +1,11 @@
 """Run a dataflow as one Structured Streaming query (some source is unbounded).
 
-The plan is the compiler's (`flowspark.spark.compiler.compile_flow`), lowered to
+The plan is the compiler's (`flowspark.spark.plan.compiler.compile_flow`), lowered to
 streaming operations (`query.Lowering` describes them stage by stage):
 
 - source stages read a stream: `SparkSource(..., streaming=True)` through
   `spark.readStream`, and flowspark `FixedPartitionedSource`s through the Python
-  data source of `flowspark.spark.pysource` (real offsets: the partitions'
+  data source of `flowspark.spark.io.pysource` (real offsets: the partitions'
   snapshots), which runs the source stage inside its read;
 - a keyed stage becomes `groupBy(bucket).applyInPandasWithState(...)` with
   `bucket = pmod(hash(key), B)`: one Python call per bucket and micro-batch

@@ -242,7 +242,7 @@ def recorded_flag(checkpoint: str, name: str) -> Optional[bool]:
 
     Args:
         checkpoint: The checkpoint directory (`check_meta` ran).
-        name: The choice's name in `flowspark.json` (a shape rule of `flowspark.spark.optimize`).
+        name: The choice's name in `flowspark.json` (a shape rule of `flowspark.spark.rules.optimizer`).
 
     Returns:
         The choice, or `None`.

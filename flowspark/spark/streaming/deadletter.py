@@ -1,6 +1,6 @@
 """A stream's dead letter in a `DeadLetterDir`, written by the tasks of each micro-batch.
 
-Every stage emits the items it refuses as `DEAD_PORT` rows (`flowspark.spark.worker`).
+Every stage emits the items it refuses as `DEAD_PORT` rows (`flowspark.spark.worker.stage`).
 When the dead letter is a `DeadLetterDir`, a pass-through `mapInArrow` after each
 stage takes those rows out of the stream and writes them, from the task, to
 `<dir>/batch_id=<micro-batch id>/part-<stage>-<partition>.<format>`: a name fixed
@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from flowspark.deadletter import DeadLetterDir
-from flowspark.spark.codec import encode_task_error, loads_all
-from flowspark.spark.plan import DEAD_PORT
+from flowspark.spark.plan.types import DEAD_PORT
 from flowspark.spark.streaming.ckfs import files, join
 from flowspark.spark.streaming.routing import ROUTE
+from flowspark.spark.worker.codec import encode_task_error, loads_all
 
 __all__ = [
     "MalformedRows",
@@ -69,7 +69,7 @@ def write_task_rows(sink: DeadLetterDir, name: str, rows: list[dict[str, Any]], 
 
 
 def keep_in_dir(sink: DeadLetterDir, tag: str) -> Callable[[dict[str, list[dict[str, Any]]]], None]:
-    """A source's malformed rows (`flowspark.spark.inputs.load_rows`' `keep`) written by the task that read them.
+    """A source's malformed rows (`flowspark.spark.io.inputs.load_rows`' `keep`) written by the task that read them.
 
     One file per file split of the micro-batch, `part-<tag>-<hash of the split>`, written aside
     and renamed: a split read again (a retried task, a replayed micro-batch) replaces its file.

@@ -10,16 +10,16 @@ from flowspark.deadletter import DeadLetterDir
 from flowspark.errors import (
     FlowsparkRuntimeError,
 )
-from flowspark.spark.codec import encode_task_error, loads_all
-from flowspark.spark.columns import ID_COLUMN
-from flowspark.spark.inputs import SparkSource
-from flowspark.spark.plan import StageSpec
-from flowspark.spark.rows import row_schema
+from flowspark.spark.io.columns import ID_COLUMN
+from flowspark.spark.io.inputs import SparkSource
+from flowspark.spark.plan.types import StageSpec
 from flowspark.spark.streaming.deadletter import (
     task_batch_id,
     write_task_rows,
 )
-from flowspark.spark.worker import dict_rows, stage_function
+from flowspark.spark.worker.codec import encode_task_error, loads_all
+from flowspark.spark.worker.rows import row_schema
+from flowspark.spark.worker.stage import dict_rows, stage_function
 
 __all__ = ["atomic_fields", "file_rows", "number_rows", "per_call_stage", "sink_rows"]
 

@@ -12,9 +12,9 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from flowspark.spark.codec import decode_task_error
 from flowspark.spark.compat import JavaQueryListener, lean_listener
 from flowspark.spark.session import is_connect
+from flowspark.spark.worker.codec import decode_task_error
 
 if TYPE_CHECKING:
     from flowspark.spark.streaming.query import StreamingRun

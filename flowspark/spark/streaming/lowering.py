@@ -14,11 +14,11 @@ from flowspark.errors import (
     FlowsparkCompileError,
 )
 from flowspark.inputs import DynamicSource
-from flowspark.spark.compiler import as_graph, compile_flow
-from flowspark.spark.inputs import SparkSource
-from flowspark.spark.optimize import Env
-from flowspark.spark.outputs import SparkSink
-from flowspark.spark.plan import Plan, SinkPlan, StagePlan
+from flowspark.spark.io.inputs import SparkSource
+from flowspark.spark.io.outputs import SparkSink
+from flowspark.spark.plan.compiler import as_graph, compile_flow
+from flowspark.spark.plan.types import Plan, SinkPlan, StagePlan
+from flowspark.spark.rules.optimizer import Env
 from flowspark.spark.streaming.chunklayout import CHUNK_KEYS
 from flowspark.spark.streaming.keylayout import HOT_PER_BUCKET
 from flowspark.spark.streaming.routing import (

@@ -21,13 +21,11 @@ from flowspark.errors import (
     step_error,
 )
 from flowspark.outputs import route_to_parts
-from flowspark.spark.codec import decode_task_error, loads
-from flowspark.spark.columns import ID_COLUMN, column_kinds, driver_rows, in_sequence, port_rows, stage_inputs
-from flowspark.spark.inputs import SparkSource, load_rows
-from flowspark.spark.optimize import Env, optimize, shape_choices
-from flowspark.spark.outputs import SparkSink, infer_schema, write_rows
-from flowspark.spark.plan import DEAD_PORT, Plan, SinkPlan, StagePlan, StageSpec
-from flowspark.spark.rows import RowSchema, row_schema
+from flowspark.spark.io.columns import ID_COLUMN, column_kinds, driver_rows, in_sequence, port_rows, stage_inputs
+from flowspark.spark.io.inputs import SparkSource, load_rows
+from flowspark.spark.io.outputs import SparkSink, infer_schema, write_rows
+from flowspark.spark.plan.types import DEAD_PORT, Plan, SinkPlan, StagePlan, StageSpec
+from flowspark.spark.rules.optimizer import Env, optimize, shape_choices
 from flowspark.spark.session import default_parallelism, is_connect
 from flowspark.spark.streaming.checkpoint import (
     check_flag,
@@ -65,7 +63,9 @@ from flowspark.spark.streaming.state import (
     BucketDriver,
     LatestCounts,
 )
-from flowspark.spark.worker import dict_rows, not_dict_error, run_stage_rows
+from flowspark.spark.worker.codec import decode_task_error, loads
+from flowspark.spark.worker.rows import RowSchema, row_schema
+from flowspark.spark.worker.stage import dict_rows, not_dict_error, run_stage_rows
 
 __all__ = ["ROW_SCHEMA", "StreamingRun"]
 
@@ -107,7 +107,7 @@ class StreamingRun:
         self._schemas: dict[str, Any] = {}  # StructTypes of native sinks given no schema (pinned)
         self._counts: Any = None  # accumulator of the state counts (state.LatestCounts)
         self._time_columns: dict[int, tuple[str, ...]] = {}  # Spark-keyed stage -> its TIMESTAMP columns
-        #: The rules switched on and how they were asked for (`flowspark.spark.switches.rules_arg`).
+        #: The rules switched on and how they were asked for (`flowspark.spark.rules.switches.rules_arg`).
         self.rules: tuple[frozenset[str], str] = options["rules"]
         #: The SparkSource stages' streaming DataFrames, read once (`source_df`).
         self._sources: dict[int, Any] = {}
@@ -149,7 +149,7 @@ class StreamingRun:
                 raise FlowsparkRuntimeError(spec.source_step, f"step {spec.source_step!r}: {e}") from e
             self._sources[spec.stage_id] = df
             return df
-        from flowspark.spark import pysource
+        from flowspark.spark.io import pysource
 
         pysource.register(self.spark, self.carry)
         opts = pysource.stream_options(
@@ -258,7 +258,7 @@ class StreamingRun:
         """The tick stream (timers need a micro-batch even when no data arrives, e.g. after a restart)."""
         from pyspark.sql import functions as F  # noqa: N812
 
-        from flowspark.spark import pysource
+        from flowspark.spark.io import pysource
 
         pysource.register(self.spark, self.carry)
         ticks = self.spark.readStream.format(pysource.TICK_FORMAT).load()
@@ -323,7 +323,7 @@ class StreamingRun:
         return chain
 
     def optimize(self) -> Plan:
-        """Decide every rule for this query (`flowspark.spark.optimize`); the run then follows the physical plan.
+        """Decide every rule for this query (`flowspark.spark.rules.optimizer`); the run then follows the physical plan.
 
         A shape rule (`spark_keys`) keeps what the checkpoint started with: a new checkpoint
         records this run's choice, and a later run may not switch it off.
@@ -335,7 +335,7 @@ class StreamingRun:
             RecoveryError: A shape rule the checkpoint was started with is switched off.
         """
         from flowspark.errors import RecoveryError
-        from flowspark.spark.optimize import RULES
+        from flowspark.spark.rules.optimizer import RULES
 
         if self.plan.decisions:
             return self.plan
@@ -551,7 +551,7 @@ class StreamingRun:
         try:
             self.query = w.start() if to_table is None else w.toTable(to_table)
         except Exception as e:
-            from flowspark.spark.kafka import missing_jar
+            from flowspark.spark.io.kafka import missing_jar
 
             err = missing_jar(e)
             if err is not None:
@@ -602,7 +602,7 @@ class StreamingRun:
         self._open_sinks()
         if self.plan.dead_letter is not None and self.dead_dir is None:
             from flowspark.deadletter import dead_letter_step
-            from flowspark.spark.outputs import SparkDeadLetters
+            from flowspark.spark.io.outputs import SparkDeadLetters
 
             self.dead = SparkDeadLetters(self.spark, self.plan.dead_letter, dead_letter_step(self.plan.flow_id), True)
         if self.connect:

@@ -24,8 +24,8 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Optional
 
 from flowspark.errors import FlowsparkRuntimeError
-from flowspark.spark.codec import apply_pad, encode_task_error, loads_all
-from flowspark.spark.plan import Plan, StageSpec
+from flowspark.spark.plan.types import Plan, StageSpec
+from flowspark.spark.worker.codec import apply_pad, encode_task_error, loads_all
 
 __all__ = ["ROUTE", "Route", "needs_routing", "routed_stage_function", "routes"]
 
@@ -116,7 +116,7 @@ def routed_stage_function(
         spec: The stage.
         route: Its route.
         stage: Runs the stage over `(sequence, item)` pairs of its entry stream and
-            returns its port rows (`flowspark.spark.worker.run_stage_rows` bound to `spec`).
+            returns its port rows (`flowspark.spark.worker.stage.run_stage_rows` bound to `spec`).
         clock: The injected clock (read when a task starts), else the wall clock.
 
     Returns:
@@ -127,7 +127,7 @@ def routed_stage_function(
         import pyarrow as pa
 
         from flowspark._time import use_clock
-        from flowspark.spark.worker import no_gc
+        from flowspark.spark.worker.stage import no_gc
 
         t = clock() if clock is not None else datetime.now(timezone.utc)
         try:

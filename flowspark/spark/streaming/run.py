@@ -10,6 +10,7 @@ from flowspark.deadletter import DeadLetterDir, dead_letter_arg
 from flowspark.errors import (
     FlowsparkTypeError,
 )
+from flowspark.spark.rules.switches import rules_arg
 from flowspark.spark.session import quiet_query_context
 from flowspark.spark.streaming.checkpoint import (
     check_layout,
@@ -24,7 +25,6 @@ from flowspark.spark.streaming.query import StreamingRun
 from flowspark.spark.streaming.state import (
     LAYOUTS,
 )
-from flowspark.spark.switches import rules_arg
 
 __all__ = ["run_streaming"]
 
@@ -84,7 +84,7 @@ def run_streaming(
         timeout: Stop after this many seconds (between micro-batches); default never
             (or, with `"available_now"`, when everything is processed).
         explain: Print the physical plan first: each stage, sink and what every rule
-            decided for it (`flowspark.spark.optimize`).
+            decided for it (`flowspark.spark.rules.optimizer`).
         dead_letter: Where items a step cannot take go instead of stopping the query
             (`flowspark.deadletter`), each row with its micro-batch id. A `DeadLetterDir(path)`
             or a directory path (parquet) is written by the micro-batch's tasks, each file
@@ -99,7 +99,7 @@ def run_streaming(
             a new checkpoint on an old output) is refused before any micro-batch runs, since
             Spark's file sink would skip those micro-batch ids and write nothing; `True`
             deletes that directory instead, and the query writes it anew.
-        rules: Which fast paths may apply (`flowspark.spark.switches.rules_arg`): `"all"`,
+        rules: Which fast paths may apply (`flowspark.spark.rules.switches.rules_arg`): `"all"`,
             `"none"` or `"-NAME,-NAME"`; default the environment variable `FLOWSPARK_RULES`,
             else all. A rule that changes the query's shape (`spark_keys`) stays what the
             checkpoint started with.

@@ -42,15 +42,14 @@ from typing import Any, Callable, Optional
 from flowspark._time import use_clock
 from flowspark.errors import FlowsparkRuntimeError
 from flowspark.runtime.driver import UNKNOWN, drive_chain, drive_states, idx
-from flowspark.spark.codec import encode_task_error, loads_all
-from flowspark.spark.columns import ID_COLUMN
-from flowspark.spark.ops import stage_streams, through, unordered_streams
-from flowspark.spark.plan import StageSpec
+from flowspark.spark.io.columns import ID_COLUMN
+from flowspark.spark.plan.types import StageSpec
 from flowspark.spark.streaming.chunklayout import ChunkTable, chunk_processor
 from flowspark.spark.streaming.keylayout import KeyTable, dump_state, key_processor
 from flowspark.spark.streaming.routing import Route, forward_frame
-from flowspark.spark.times import aware_times
-from flowspark.spark.worker import (
+from flowspark.spark.worker.codec import encode_task_error, loads_all
+from flowspark.spark.worker.ops import stage_streams, through, unordered_streams
+from flowspark.spark.worker.stage import (
     column_key_runs,
     dead_rows,
     dict_rows,
@@ -58,6 +57,7 @@ from flowspark.spark.worker import (
     run_stage_rows,
     stage_drivers,
 )
+from flowspark.spark.worker.times import aware_times
 
 # pyspark's applyInPandasWithState frames a call's output with `pd.concat` over frames that
 # include all-NA padding rows, and pandas 2 warns about it on the worker's stderr once per
@@ -595,7 +595,7 @@ class BucketDriver:
     ) -> list[tuple[str, list[Any]]]:
         """The per-key runs of a bucket's source rows keyed by Spark (see `column_key`).
 
-        `dead` as in `flowspark.spark.ops.apply_ops`; `values_only` as in `column_key_runs`.
+        `dead` as in `flowspark.spark.worker.ops.apply_ops`; `values_only` as in `column_key_runs`.
         """
         import pandas as pd
         import pyarrow as pa
@@ -644,7 +644,7 @@ class BucketDriver:
 
         The TIMESTAMP columns (microseconds since the epoch, see `time_columns`) become `datetime`s
         in the session's time zone, as a source stage's rows have them everywhere (`arrow_rows`),
-        built in Python (`flowspark.spark.times.aware_times`). pandas hands TIMESTAMP_NTZ columns
+        built in Python (`flowspark.spark.worker.times.aware_times`). pandas hands TIMESTAMP_NTZ columns
         over as nanosecond timestamps (`pandas.Timestamp` items): they become microseconds
         (Spark's precision), so the items are `datetime`s.
         """

@@ -5,13 +5,13 @@ A plan is a list of *stages*; each stage is one Python pass over Spark rows
 
 - a **source stage** turns a source into items: items held by the driver
   (`flowspark.inputs.DriverItems`, e.g. `TestingSource`), source partitions, or
-  the rows of a Spark DataFrame (`flowspark.spark.inputs.SparkSource`);
+  the rows of a Spark DataFrame (`flowspark.spark.io.inputs.SparkSource`);
 - a **map stage** reads the union of some ports of earlier stages (a `merge` of
   streams living in different stages);
 - a **keyed stage** drives a chain of consecutive stateful steps key by key.
 
 A stream leaving its stage (to another stage, a sink or the driver) is a
-*port*. The batch runtime (`flowspark.spark.batch`) and the streaming runtime
+*port*. The batch runtime (`flowspark.spark.batch.job`) and the streaming runtime
 (`flowspark.spark.streaming`) are two lowerings of the same plan; each describes
 its own lowering (`describe`), which `print(plan)` and `flowspark plan --spark` show.
 """
@@ -89,7 +89,7 @@ class KeyedStep:
     notification). `regroup`: whether its emits' sequences carry the key (see
     `StepDriver`; the last step of a chain does, unless the rule `unordered_emits` applied).
     `eof_only`, `batch_fn`, `reduction`, `window_count`: the IR's `StatefulBatch.eof_only`,
-    `.batch_fn`, `.reduction`, `.window_count`; in a physical plan (`flowspark.spark.optimize`) they
+    `.batch_fn`, `.reduction`, `.window_count`; in a physical plan (`flowspark.spark.rules.optimizer`) they
     are kept only where the rules `eof_only`, `bare_state` and `native_reduction` applied.
     """
 
@@ -199,12 +199,12 @@ class StageSpec:
     `column_key`: for a keyed stage, set when Spark keys its input (`ColumnKey`, the rule `spark_keys`).
     `native`: for a keyed stage, set when Spark computes it as an aggregate (`Aggregate`, the
     rule `native_reduction`).
-    `modes`: the names of the rules that applied to the stage (`flowspark.spark.optimize`); empty
+    `modes`: the names of the rules that applied to the stage (`flowspark.spark.rules.optimizer`); empty
     in the plain plan `compile_flow` builds.
     `dead_letter`: the run has a dead letter: items a stateless step, a key check or a
     `SparkSink`'s schema refuses leave the stage on `DEAD_PORT` instead of failing it.
     `per_batch`: for a `chunks` source, its items per source batch (activation; see
-    `flowspark.spark.codec`); 1: each item is an activation of its own; 0: each chunk
+    `flowspark.spark.worker.codec`); 1: each item is an activation of its own; 0: each chunk
     row's items are one activation (the streaming reader cuts chunks at source batches).
     """
 
@@ -306,8 +306,8 @@ class SinkPlan:
     `TestingSink`, `StdOutSink`), `dynamic` (one sink partition per Spark
     partition), `fixed` (items routed by `part_fn` to the sink's partitions) or
     `native` (dict items become rows of a Spark DataFrame handed to a Spark writer or
-    to the user's function: `flowspark.spark.outputs`). `modes`: the rules that applied
-    to the sink (`sink_fusion`, `schema_sampling`: `flowspark.spark.optimize`).
+    to the user's function: `flowspark.spark.io.outputs`). `modes`: the rules that applied
+    to the sink (`sink_fusion`, `schema_sampling`: `flowspark.spark.rules.optimizer`).
     """
 
     step_id: str
@@ -336,7 +336,7 @@ class Plan:
     sinks: tuple[SinkPlan, ...]
     inspects: tuple[InspectPlan, ...]
     dead_letter: Any = None
-    #: In a physical plan (`flowspark.spark.optimize.optimize`): every rule's decision, and the target.
+    #: In a physical plan (`flowspark.spark.rules.optimizer.optimize`): every rule's decision, and the target.
     decisions: tuple[Decision, ...] = ()
     target: str = ""
 
@@ -494,7 +494,7 @@ class Plan:
 
         Args:
             describe: What a stage lowers to, in one line (each lowering describes itself:
-                `flowspark.spark.describe.describe_stage`, `flowspark.spark.streaming.Lowering.stage`);
+                `flowspark.spark.batch.describe.describe_stage`, `flowspark.spark.streaming.Lowering.stage`);
                 default: the ports the stage reads.
 
         Returns:

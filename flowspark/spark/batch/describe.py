@@ -6,8 +6,8 @@ physical plan (`StageSpec.modes`, `column_key`, `native`), not written beside th
 
 from __future__ import annotations
 
-from flowspark.spark.native import describe_aggregate
-from flowspark.spark.plan import StagePlan
+from flowspark.spark.batch.native import describe_aggregate
+from flowspark.spark.plan.types import StagePlan
 
 __all__ = ["describe_keyed_state", "describe_stage"]
 

@@ -1,6 +1,7 @@
 """The optimizer's book-keeping: the plan being optimized (`Work`) and a rule (`Rule`).
 
-The rules themselves, their checks and `optimize` are in `flowspark.spark.optimize`.
+The rules themselves are in this package's modules by concern; their order and `optimize` in
+`flowspark.spark.rules.optimizer`.
 """
 
 from __future__ import annotations
@@ -9,16 +10,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from flowspark.spark.plan import Plan, SinkPlan, StagePlan, StageSpec
+from flowspark.spark.plan.types import Plan, SinkPlan, StagePlan, StageSpec
 
-__all__ = ["Rule", "Work"]
+__all__ = ["BATCH", "BOTH", "STREAM", "TARGET_NAMES", "Rule", "Work", "mode", "noop"]
 
 
 class Work:
     """The plan being optimized: mutable copies of its stage specs and sinks."""
 
     def __init__(self, plan: Plan, env: Any) -> None:
-        """Start from `plan`; `env` is the run's `flowspark.spark.optimize.Env` (typed there: no import cycle)."""
+        """Start from `plan`; `env` is the run's `flowspark.spark.rules.optimizer.Env` (no import cycle)."""
         self.plan = plan
         self.env = env
         self.specs = {st.spec.stage_id: st.spec for st in plan.stages}
@@ -88,3 +89,23 @@ class Rule:
     check: Callable[[Work, Any], Optional[str]]
     apply: Callable[[Work, Any], None]
     subjects: frozenset[str] = frozenset({"keyed"})
+
+
+#: The lowerings a rule may apply to.
+BOTH = frozenset({"batch", "streaming"})
+STREAM = frozenset({"streaming"})
+BATCH = frozenset({"batch"})
+TARGET_NAMES = {"batch": "batch jobs", "streaming": "streaming queries"}
+
+
+def mode(name: str) -> Callable[[Work, int], None]:
+    """A rule's effect that adds mode `name` to the stage."""
+
+    def apply(w: Work, sid: int) -> None:
+        w.add_mode(sid, name)
+
+    return apply
+
+
+def noop(_w: Work, _subject: Any) -> None:
+    """A rule's effect when the lowering reads the decision itself (a query rule)."""

@@ -46,9 +46,9 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from flowspark.errors import FlowsparkRuntimeError, step_error
 from flowspark.inputs import AbortExecution, FixedPartitionedSource
-from flowspark.spark.codec import dumps, source_seq
-from flowspark.spark.plan import StageSpec
-from flowspark.spark.worker import stage_function
+from flowspark.spark.plan.types import StageSpec
+from flowspark.spark.worker.codec import dumps, source_seq
+from flowspark.spark.worker.stage import stage_function
 
 __all__ = ["FORMAT", "TICK_FORMAT", "FlowsparkDataSource", "TickDataSource", "register", "stream_options"]
 

@@ -1,11 +1,11 @@
 """The batch lowering: run a compiled plan as Spark batch jobs (every source bounded).
 
-Each stage is one `mapInArrow` (`flowspark.spark.worker.stage_function`): a
+Each stage is one `mapInArrow` (`flowspark.spark.worker.stage.stage_function`): a
 source stage reads its source (items shipped from the driver in chunks, one
 Spark partition per source partition, or a Spark DataFrame); a keyed stage
 first `repartition`s its input by key and `sortWithinPartitions(k, seq)`, so the
 per-key driver sees each key's values in order with a fixed logical `now`.
-`flowspark.spark.describe.describe_stage` says so for each stage (`print(plan)`, `flowspark plan --spark`).
+`flowspark.spark.batch.describe.describe_stage` says so for each stage (`print(plan)`, `flowspark plan --spark`).
 """
 
 from __future__ import annotations
@@ -26,16 +26,10 @@ from flowspark.errors import (
     step_error,
 )
 from flowspark.outputs import part_of
-from flowspark.spark.codec import (
-    chunk_bounds,
-    decode_task_error,
-    dumps,
-    encode_task_error,
-    loads,
-    loads_all,
-    source_seq,
-)
-from flowspark.spark.columns import (
+from flowspark.spark.batch.describe import describe_stage
+from flowspark.spark.batch.driverprefix import driver_prefix
+from flowspark.spark.batch.native import Aggregates, pair_rows, python_pass, sample_first_rows
+from flowspark.spark.io.columns import (
     ID_COLUMN,
     column_kinds,
     driver_rows,
@@ -46,18 +40,24 @@ from flowspark.spark.columns import (
     stage_inputs,
     union_all,
 )
-from flowspark.spark.describe import describe_stage
-from flowspark.spark.driverprefix import driver_prefix
-from flowspark.spark.inputs import load_rows
-from flowspark.spark.native import Aggregates, pair_rows, python_pass, sample_first_rows
-from flowspark.spark.optimize import Env, optimize
-from flowspark.spark.outputs import infer_schema, write_rows
-from flowspark.spark.plan import Plan, SinkPlan, StagePlan
-from flowspark.spark.rows import RowSchema, row_schema
-from flowspark.spark.rules_sinks import stage_reads
+from flowspark.spark.io.inputs import load_rows
+from flowspark.spark.io.outputs import infer_schema, write_rows
+from flowspark.spark.plan.types import Plan, SinkPlan, StagePlan
+from flowspark.spark.rules.concurrent import stage_reads
+from flowspark.spark.rules.optimizer import Env, optimize
+from flowspark.spark.rules.switches import rules_arg
 from flowspark.spark.session import default_parallelism, is_connect, quiet_query_context
-from flowspark.spark.switches import rules_arg
-from flowspark.spark.worker import dict_rows, no_gc, stage_function
+from flowspark.spark.worker.codec import (
+    chunk_bounds,
+    decode_task_error,
+    dumps,
+    encode_task_error,
+    loads,
+    loads_all,
+    source_seq,
+)
+from flowspark.spark.worker.rows import RowSchema, row_schema
+from flowspark.spark.worker.stage import dict_rows, no_gc, stage_function
 
 __all__ = ["build_dataframes", "check_bounded", "run_plan"]
 
@@ -130,7 +130,7 @@ class _Job:
         self.float_reductions = False
 
     def optimize(self, rules: tuple[frozenset[str], str]) -> Plan:
-        """Decide every rule for this job (`flowspark.spark.optimize`); the job then runs the physical plan.
+        """Decide every rule for this job (`flowspark.spark.rules.optimizer`); the job then runs the physical plan.
 
         Args:
             rules: The rules switched on and how they were asked for (`rules_arg`).
@@ -300,7 +300,7 @@ class _Job:
         from pyspark.sql import functions as F  # noqa: N812
 
         from flowspark.deadletter import dead_letter_step
-        from flowspark.spark.outputs import SparkDeadLetters
+        from flowspark.spark.io.outputs import SparkDeadLetters
 
         parts = [
             self.dfs[s].filter(F.col("p") == p).select("seq", "v") for s, p in self.plan.dead_ports() if s in self.dfs
@@ -650,7 +650,7 @@ def _misfits(step_id: str, rows: Optional[RowSchema]) -> Callable[[Iterator[Any]
             dead: list[Any] = []
             if rows is None:
                 from flowspark.deadletter import record
-                from flowspark.spark.worker import not_dict_error
+                from flowspark.spark.worker.stage import not_dict_error
 
                 dead = [(i, record(step_id, not_dict_error(step_id, x), x)) for i, x in enumerate(items)]
             elif items:
@@ -678,7 +678,7 @@ def build_dataframes(plan: Plan, spark: Any, rules: tuple[frozenset[str], str]) 
     Args:
         plan: The plain plan (`compile_flow`).
         spark: The SparkSession.
-        rules: The rules switched on (`flowspark.spark.switches.rules_arg`).
+        rules: The rules switched on (`flowspark.spark.rules.switches.rules_arg`).
 
     Returns:
         `(physical plan, {stage id: DataFrame})`; a stage whose steps run in the keyed stage
@@ -722,7 +722,7 @@ def run_plan(
         partitions: Spark partitions of keyed stages; default `spark.sql.shuffle.partitions`.
         chunk_size: `TestingSource` items per chunk shipped from the driver.
         explain: Print the physical plan before running: each stage, sink and what every
-            rule decided for it (`flowspark.spark.optimize`).
+            rule decided for it (`flowspark.spark.rules.optimizer`).
         state_ttl: Checked and accepted as on the other runtimes, but a batch job
             processes every item at one logical time (`start_time`), so no key is ever
             idle and nothing expires (as with `run_main(clock="fixed")`).
@@ -734,7 +734,7 @@ def run_plan(
         progress: Accepted as `run_streaming` takes it, so `flowspark.spark.run` takes the same
             arguments for any flow; progress lines are a stream's output (one per micro-batch):
             a batch job prints none, whatever the value.
-        rules: Which fast paths may apply (`flowspark.spark.switches.rules_arg`): `"all"`,
+        rules: Which fast paths may apply (`flowspark.spark.rules.switches.rules_arg`): `"all"`,
             `"none"` or `"-NAME,-NAME"`; default the environment variable `FLOWSPARK_RULES`,
             else all. Every rule gives the same output as `"none"`.
         float_reductions: Let the rule `native_reduction` compute sums, maxima and minima of
@@ -755,7 +755,7 @@ def run_plan(
         >>> out = []
         >>> nums = op.input("inp", flow, TestingSource([1, 2]))
         >>> op.output("out", op.map("inc", nums, lambda x: x + 1), TestingSink(out))
-        >>> from flowspark.spark.compiler import compile_flow
+        >>> from flowspark.spark.plan.compiler import compile_flow
         >>> run_plan(compile_flow(flow.validate()))  # doctest: +SKIP
         >>> out  # doctest: +SKIP
         [2, 3]

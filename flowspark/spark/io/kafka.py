@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
-from flowspark.spark.inputs import SparkSource
-from flowspark.spark.outputs import SparkSink
+from flowspark.spark.io.inputs import SparkSource
+from flowspark.spark.io.outputs import SparkSink
 
 __all__ = ["KAFKA_PACKAGE", "KafkaSink", "KafkaSource"]
 

@@ -164,7 +164,7 @@ def sampled_items(
     fn: Callable[[Iterator[Any]], Iterator[Any]], batches: list[Any], action: Callable[[Callable[[], Any]], Any]
 ) -> list[Any]:
     """The items the sampling function `fn` gives for `batches` (the stage's input, run at the driver)."""
-    from flowspark.spark.codec import loads
+    from flowspark.spark.worker.codec import loads
 
     out = action(lambda: list(fn(iter(batches))))
     return [loads(v) for b in out for v in b.column(0).to_pylist()]

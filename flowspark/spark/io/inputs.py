@@ -220,13 +220,13 @@ def load_rows(
 
     The rows that parsed keep the user's columns only. Without a dead letter, a malformed
     row stops the job or micro-batch where Spark reads it (`raise_error` with
-    `flowspark.spark.codec.MALFORMED_MARK`, decoded into
+    `flowspark.spark.worker.codec.MALFORMED_MARK`, decoded into
     `flowspark.errors.malformed_input_error`): it never reaches a step, and nothing but a
     filter is added to the read. With a dead letter, each malformed row becomes a record
     (`flowspark.deadletter.malformed_record`), either
 
     - in a second DataFrame (a batch job): one `(p, k, seq, v)` row per malformed row, on
-      `flowspark.spark.plan.DEAD_PORT`; it reads the full row (Spark refuses a query of raw
+      `flowspark.spark.plan.types.DEAD_PORT`; it reads the full row (Spark refuses a query of raw
       JSON/CSV files that references the corrupt-record column alone); or
     - with `keep` (a stream, where a second read of the source would be a second source of
       the query, which a checkpoint written without a dead letter refuses): an Arrow pass
@@ -252,7 +252,7 @@ def load_rows(
         return df, None
     from pyspark.sql import functions as F  # noqa: N812
 
-    from flowspark.spark.codec import MALFORMED_MARK
+    from flowspark.spark.worker.codec import MALFORMED_MARK
 
     bad = F.col(CORRUPT_COLUMN)
     file = F.input_file_name() if "_metadata" in df.columns else F.col("_metadata.file_path")
@@ -321,8 +321,8 @@ def _dead_rows(step_id: str) -> Callable[[Iterator[Any]], Iterator[Any]]:
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        from flowspark.spark.codec import dumps
-        from flowspark.spark.plan import DEAD_PORT
+        from flowspark.spark.plan.types import DEAD_PORT
+        from flowspark.spark.worker.codec import dumps
 
         for b in batches:
             if not b.num_rows:

@@ -3,7 +3,7 @@
 `rules_arg` reads what a user asks for: `flowspark.spark.run(..., rules=...)`,
 `flowspark run --rules`, or the environment variable `FLOWSPARK_RULES`: `all` (the
 default), `none`, `-NAME,-NAME` (all but those) or `NAME,NAME` (only those), with the
-names of `flowspark.spark.optimize.RULES`. `describe_rules` prints those rules as the
+names of `flowspark.spark.rules.optimizer.RULES`. `describe_rules` prints those rules as the
 table docs/architecture.md holds.
 """
 
@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from flowspark.errors import FlowsparkTypeError
-from flowspark.spark.optimize import RULES
+from flowspark.spark.rules.optimizer import RULES
 
 __all__ = ["ENV_VAR", "describe_rules", "rule_names", "rules_arg"]
 

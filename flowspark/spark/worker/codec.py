@@ -291,7 +291,7 @@ def loads_all(bs: list[bytes]) -> list[Any]:
 
 
 def apply_pad(seq: bytes, pad: bytes) -> bytes:
-    """A merge's pad applied to a sequence (what `flowspark.spark.columns.seq_column` does in Spark).
+    """A merge's pad applied to a sequence (what `flowspark.spark.io.columns.seq_column` does in Spark).
 
     Args:
         seq: The sequence.
@@ -309,7 +309,7 @@ def apply_pad(seq: bytes, pad: bytes) -> bytes:
 # --------------------------------------------------------------------------- errors
 _MARK_RE = re.compile(r"FLOWSPARK_TASK_ERROR<<([A-Za-z0-9+/=]+)>>")
 #: Starts the marker of a malformed input row: `FLOWSPARK_MALFORMED<<step|file|raw>>`, each field the
-#: hex of its UTF-8 bytes (built by Spark SQL's `hex`: `flowspark.spark.inputs`).
+#: hex of its UTF-8 bytes (built by Spark SQL's `hex`: `flowspark.spark.io.inputs`).
 MALFORMED_MARK = "FLOWSPARK_MALFORMED"
 _MALFORMED_RE = re.compile(MALFORMED_MARK + r"<<([0-9A-Fa-f]*)\|([0-9A-Fa-f]*)\|([0-9A-Fa-f]*)>>")
 

@@ -3,7 +3,7 @@
 The one place a `SparkSink`'s (or `ForeachBatchSink`'s) schema becomes an Arrow
 schema, for both lowerings: `row_schema` reads the session's time zone at the
 driver and gives a `RowSchema`, which travels to the workers (pickled as its
-arguments) and is what `flowspark.spark.worker.dict_rows` builds the rows with.
+arguments) and is what `flowspark.spark.worker.stage.dict_rows` builds the rows with.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def row_schema(spark: Any, step_id: str, schema: Any) -> RowSchema:
     """The `RowSchema` of a native sink's rows, in the session's time zone (read here, at the driver).
 
     The one way both lowerings turn a sink's schema into Arrow: every place that builds a
-    sink's rows (`flowspark.spark.worker.dict_rows`) gets the `RowSchema` made here.
+    sink's rows (`flowspark.spark.worker.stage.dict_rows`) gets the `RowSchema` made here.
 
     Args:
         spark: The SparkSession (its `spark.sql.session.timeZone`).

@@ -1,6 +1,6 @@
 """Compile a dataflow's core-step graph into a Spark plan (pure: no SparkSession needed).
 
-The plan's shape is described in `flowspark.spark.plan`. Every run of stateless
+The plan's shape is described in `flowspark.spark.plan.types`. Every run of stateless
 steps (`flat_map_batch`, `branch`, `inspect_debug`, `redistribute`, and `merge`
 of streams of the same stage) fuses into the stage that produces its input, so
 each stage is one Python pass. A stream
@@ -9,7 +9,7 @@ leaving its stage (to another stage, a sink or the driver) is a *port*.
 `compile_flow(graph)` returns a `Plan` (the same for the batch and the streaming
 lowering); `print(plan)` shows the stages, the core steps fused into each and
 what each lowers to in a batch job. Sequence lengths follow one rule (see
-`flowspark.spark.codec`): a source stamps `SOURCE_LEN` (20) bytes; a `flat_map_batch` adds 4
+`flowspark.spark.worker.codec`): a source stamps `SOURCE_LEN` (20) bytes; a `flat_map_batch` adds 4
 unless the IR marks it `one_to_one`; a stateful step adds 4 (plus its key, whose
 prefix-free encoding decides every comparison inside it); a merge pads to its
 longest upstream and adds 4.
@@ -27,9 +27,9 @@ from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
 from flowspark.inputs import DriverItems, DynamicSource, FixedPartitionedSource
 from flowspark.outputs import DriverSink, DynamicSink, FixedPartitionedSink
 from flowspark.runtime.driver import SOURCE_LEN, idx
-from flowspark.spark.inputs import SparkSource
-from flowspark.spark.outputs import ForeachBatchSink, SparkSink
-from flowspark.spark.plan import InspectPlan, KeyedStep, Op, Plan, Port, SinkPlan, StagePlan, StageSpec
+from flowspark.spark.io.inputs import SparkSource
+from flowspark.spark.io.outputs import ForeachBatchSink, SparkSink
+from flowspark.spark.plan.types import InspectPlan, KeyedStep, Op, Plan, Port, SinkPlan, StagePlan, StageSpec
 
 __all__ = ["as_graph", "compile_flow"]
 
@@ -79,7 +79,7 @@ def _source_kind(node: ir.Input) -> str:
         return "parts"
     msg = (
         f"step {node.step_id!r}: source {type(src).__name__} must subclass FixedPartitionedSource, "
-        "DynamicSource or flowspark.spark.inputs.SparkSource"
+        "DynamicSource or flowspark.spark.io.inputs.SparkSource"
     )
     raise FlowsparkCompileError(msg)
 
@@ -103,7 +103,7 @@ def _sink_where(node: ir.Output) -> str:
         return "dynamic"
     msg = (
         f"step {node.step_id!r}: sink {type(sink).__name__} must subclass FixedPartitionedSink, "
-        "DynamicSink, flowspark.spark.outputs.SparkSink or ForeachBatchSink"
+        "DynamicSink, flowspark.spark.io.outputs.SparkSink or ForeachBatchSink"
     )
     raise FlowsparkCompileError(msg)
 

@@ -1,13 +1,13 @@
 """What runs inside Spark's Python workers: the stage function every lowering calls.
 
-A stage (`flowspark.spark.plan.StageSpec`) is one Python pass: items enter
+A stage (`flowspark.spark.plan.types.StageSpec`) is one Python pass: items enter
 (driver chunks, source partitions, Spark rows, or rows of earlier stages),
-stateless ops run over `(sequence, item)` lists (`flowspark.spark.ops`), a keyed stage drives its chain
+stateless ops run over `(sequence, item)` lists (`flowspark.spark.worker.ops`), a keyed stage drives its chain
 key by key through the per-key driver (`flowspark.runtime.driver`), and the
 stage's ports leave as Arrow rows `(p, k, seq, v)`. Plain Python over lists and
 bytes (pyarrow only at the edges), so the batch job and the streaming query run
 the same code. A user error leaves a task as the marker of
-`flowspark.spark.codec.encode_task_error`.
+`flowspark.spark.worker.codec.encode_task_error`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from flowspark._time import use_clock
 from flowspark.deadletter import record as dead_record
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
 from flowspark.runtime.driver import StepDriver, drive_chain, eof_emits
-from flowspark.spark.codec import (
+from flowspark.spark.plan.types import DEAD_PORT, Op, StageSpec
+from flowspark.spark.worker.aggregates import aggregated_items
+from flowspark.spark.worker.codec import (
     dumps,
     dumps_all,
     encode_task_error,
@@ -34,13 +36,11 @@ from flowspark.spark.codec import (
     read_head,
     source_items,
 )
-from flowspark.spark.native import aggregated_items
-from flowspark.spark.ops import Dead, apply_ops, checked_keys, screen_keyed, stage_streams, through
-from flowspark.spark.plan import DEAD_PORT, Op, StageSpec
-from flowspark.spark.times import arrow_rows
+from flowspark.spark.worker.ops import Dead, apply_ops, checked_keys, screen_keyed, stage_streams, through
+from flowspark.spark.worker.times import arrow_rows
 
 if TYPE_CHECKING:
-    from flowspark.spark.rows import RowSchema
+    from flowspark.spark.worker.rows import RowSchema
 
 __all__ = [
     "stage_drivers",
@@ -58,7 +58,7 @@ def stage_drivers(spec: StageSpec) -> tuple[StepDriver, ...]:
     """The per-key driver of each stateful step of a keyed stage, as the physical plan says.
 
     Args:
-        spec: A keyed stage of a physical plan (`flowspark.spark.optimize`: `regroup`,
+        spec: A keyed stage of a physical plan (`flowspark.spark.rules.optimizer`: `regroup`,
             `eof_only` and `batch_fn` are what the rules chose).
 
     Returns:
@@ -139,7 +139,7 @@ def column_key_runs(
     sorted by `(key column, id)`. Each batch's rows become dicts, run through
     the source stage's steps (their filters, the `key_on`, key-keeping steps), and the
     resulting items, still grouped by key, are cut into runs; a key's rows may span
-    batches. With `dead` (a list), items those steps refuse go there (see `flowspark.spark.ops.apply_ops`).
+    batches. With `dead` (a list), items those steps refuse go there (see `flowspark.spark.worker.ops.apply_ops`).
     With `sequences=False` (the caller reads no sequences: a stage writing a sink's rows,
     without a dead letter) every sequence is empty bytes; with `values_only` (which implies
     it) a run holds the key's values alone. `columns_as` gives the Python values of some columns
@@ -295,7 +295,7 @@ def dict_rows(step_id: str, items: list[Any], rows: RowSchema, dead: Optional[li
     Args:
         step_id: The sink's step id.
         items: The items (dicts).
-        rows: The sink's schema (`flowspark.spark.rows.row_schema`): its Arrow schema and
+        rows: The sink's schema (`flowspark.spark.worker.rows.row_schema`): its Arrow schema and
             how values convert.
         dead: With a dead letter: receives `(index in items, record)` for each item that
             is not a dict or does not fit the schema; the batch holds the others.

@@ -14,9 +14,9 @@ from typing import Any, Callable, Optional
 from flowspark.deadletter import FIELDS, SCHEMA, DeadLetterDir, DeadLetters
 from flowspark.errors import FlowsparkError, FlowsparkTypeError, short_repr, step_error
 from flowspark.outputs import Sink
-from flowspark.spark.codec import decode_task_error
 from flowspark.spark.compat import inferred_schema
-from flowspark.spark.worker import not_dict_error
+from flowspark.spark.worker.codec import decode_task_error
+from flowspark.spark.worker.stage import not_dict_error
 
 __all__ = ["ForeachBatchSink", "SparkDeadLetters", "SparkSink", "infer_schema", "write_rows"]
 

@@ -6,7 +6,7 @@ becomes the step's `FlowsparkRuntimeError`, or, with a dead letter, the item's
 record. `screen_keyed` and `checked_keys` check the items entering a keyed step;
 `through` runs the rule `mapper_line`: a line of one-to-one mappers called on whole lists;
 `unordered_streams` runs any ops on whole lists for a stage writing a sink's rows.
-Called by the stage function (`flowspark.spark.worker`) and the streaming state's
+Called by the stage function (`flowspark.spark.worker.stage`) and the streaming state's
 bucket calls (`flowspark.spark.streaming.state`).
 """
 
@@ -19,8 +19,8 @@ from flowspark._checks import all_pairs, check_bool
 from flowspark.deadletter import record as dead_record
 from flowspark.errors import FlowsparkTypeError, routing_error, step_error
 from flowspark.runtime.driver import NOT_FOUND, bad_item_error, failing_item, idx
-from flowspark.spark.codec import apply_pad
-from flowspark.spark.plan import Op, StageSpec
+from flowspark.spark.plan.types import Op, StageSpec
+from flowspark.spark.worker.codec import apply_pad
 
 #: Where a stage's dead-letter entries go: `None` (no dead letter: refused items fail the
 #: stage) or a list receiving `(seq, record)` pairs (`flowspark.deadletter.record`).
