@@ -219,7 +219,7 @@ class AlwaysPast(StatefulLogic):
 
 
 class PastOnItem(AlwaysPast):
-    """Each item asks for a notification at a time long past; `on_notify` clears it (issue 27 point 6)."""
+    """Each item asks for a notification at a time long past; `on_notify` clears it."""
 
     def __init__(self) -> None:
         self.at: Optional[datetime] = None

@@ -1,4 +1,4 @@
-"""Bytewax fidelity, round 2 (issue 29): what a ported project's own tests rely on, on bytewax 0.21.1 and flowspark.
+"""What a ported project's own tests rely on, on bytewax 0.21.1 and flowspark.
 
 Every test runs the same user code on both libraries (the `lib` fixture) and asserts
 what a ported Bytewax test asserts, so a difference fails here. Differences flowspark
@@ -143,7 +143,7 @@ def test_simple_polling_align_to_first_poll(lib: Lib, now: datetime, first: date
 
 
 # =====================================================================================
-# Activation order: due notifications fire between source batches (issue 29 item 2)
+# Activation order: due notifications fire between source batches
 # =====================================================================================
 
 

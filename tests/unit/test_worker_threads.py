@@ -1,4 +1,4 @@
-"""N workers in one process (issue 29, item 5): the same flows on bytewax 0.21.1 and flowspark with N workers.
+"""N workers in one process: the same flows on bytewax 0.21.1 and flowspark with N workers.
 
 Bytewax runs N worker threads (`cluster_main(flow, [], 0, worker_count_per_proc=N)`);
 flowspark's in-memory executor runs N logical workers in turn. Both must give each

@@ -1,6 +1,6 @@
-"""Bytewax fidelity (issue 29): recovery (backup interval, inconsistent partitions), visualize, Ctrl-C.
+"""Bytewax's recovery (backup interval, inconsistent partitions), visualize, Ctrl-C.
 
-As in `test_bytewax_fidelity.py`, a test runs the same user code on bytewax 0.21.1 and on
+As in `test_bytewax_api_tracing_cli.py`, a test runs the same user code on bytewax 0.21.1 and on
 flowspark where it can (`api` fixture, `@differential`). The recovery cases are ported from
 Bytewax's `pytests/test_recovery.py` (v0.21.1).
 """
@@ -24,7 +24,7 @@ import pytest
 import flowspark.recovery
 import flowspark.visualize
 from flowspark.errors import RecoveryError
-from tests.unit.test_bytewax_fidelity import Api, _api, differential
+from tests.unit.test_bytewax_api_tracing_cli import Api, _api, differential
 
 ZERO_TD = timedelta(seconds=0)
 FIVE_TD = timedelta(seconds=5)

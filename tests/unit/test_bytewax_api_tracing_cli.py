@@ -1,4 +1,4 @@
-"""Bytewax fidelity (issue 13, points 2-5): the same code on bytewax 0.21.1 and on flowspark.
+"""Bytewax's API, tracing and command line: the same code on bytewax 0.21.1 and on flowspark.
 
 Each test runs one piece of user code against both libraries (an `Api` bundles each one's
 modules) and compares what a user sees: outputs, exception classes a ported test catches,
