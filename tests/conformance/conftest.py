@@ -9,12 +9,14 @@ end of input emits (`*_final` operators, windows and `collect` closing at EOF, `
 
 "spark-streaming" runs on a new checkpoint's default state layout ("chunk");
 "spark-streaming-key" and "spark-streaming-bucket" run the streaming cases on the key and bucket
-state layouts, which must give the same results.
+state layouts, which must give the same results; a case whose plan has no keyed stage keeps no
+keyed state, runs the same query on every layout, and is skipped there (saying so).
 
 "spark-rules-none" and "spark-streaming-rules-none" run the same lowerings with every
 optimizer rule switched off (`rules="none"`, the reference lowering): each rule's fast path must
 give the results the reference does (`flowspark.spark.rules.optimizer`). They behave as "spark" and
-"spark-streaming" for `notimpl` markers.
+"spark-streaming" for `notimpl` markers. A case to which no rule applies runs the same lowering
+either way, and is skipped there (saying so).
 """
 
 from __future__ import annotations
@@ -127,6 +129,10 @@ def runtime(request, tmp_path):
         from flowspark.spark.streaming import run_streaming
 
         def run_stream(flow, start_time):
+            if request.param in _LAYOUT and not _has_keyed_stage(flow):
+                pytest.skip("no keyed stage, so no keyed state: the same query as on spark-streaming")
+            if rules == "none" and not _a_rule_applies(flow, streaming=True):
+                pytest.skip("no optimizer rule applies to this flow: the same lowering as on spark-streaming")
             _split_in_two_runs(flow)
             clock = None if start_time is None else _Fixed(start_time)
             for _ in range(2):
@@ -146,9 +152,49 @@ def runtime(request, tmp_path):
     from flowspark.spark import run
 
     def run_spark(flow, start_time):
+        if rules == "none" and not _a_rule_applies(flow, streaming=False):
+            pytest.skip("no optimizer rule applies to this flow: the same lowering as on spark")
         run(flow, spark=spark, start_time=start_time, rules=rules)
 
     return Runtime(request.param, run_spark)
+
+
+def _has_keyed_stage(flow: Any) -> bool:
+    """Whether the flow's Spark plan has a keyed stage: the only stages whose query a state layout changes."""
+    from flowspark.spark import compile_flow
+
+    try:
+        plan = compile_flow(flow.validate())
+    except Exception:  # noqa: BLE001 - the run itself raises it, as the case expects
+        return True
+    return any(st.kind == "keyed" for st in plan.stages)
+
+
+def _a_rule_applies(flow: Any, *, streaming: bool) -> bool:
+    """Whether some optimizer rule applies to a stage or sink of the flow's physical plan.
+
+    Decided without a session (as `flowspark plan --no-physical`), which for a flow of
+    `TestingSource`s and `TestingSink`s decides every stage and sink rule as a run does (those
+    rules read a session only for a `SparkSource`'s or `SparkSink`'s columns). When none applies,
+    `rules="none"` runs the same stages and sinks: only the query rule `lean_listener`, how the
+    progress listener reads events, differs (the Spark Connect runs take the other path).
+    """
+    from flowspark.spark import SparkSink, SparkSource, compile_flow
+    from flowspark.spark.rules.optimizer import Env, optimize
+    from flowspark.spark.rules.switches import rules_arg
+    from flowspark.spark.streaming.lowering import offline_env
+
+    try:
+        plan = compile_flow(flow.validate())
+    except Exception:  # noqa: BLE001 - the run itself raises it, as the case expects
+        return True
+    if any(isinstance(st.source, SparkSource) for st in plan.stages) or any(
+        isinstance(sk.sink, SparkSink) for sk in plan.sinks
+    ):
+        return True  # their rules read the session: run both
+    chosen = rules_arg("all")
+    env = offline_env(plan, chosen) if streaming else Env("batch", chosen[0], chosen[1], session=False)
+    return any(d.applied for d in optimize(plan, env).decisions)
 
 
 @dataclass(frozen=True)
