@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from examples_budget import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -280,7 +281,7 @@ ROWS = st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", None]), st.intege
 
 
 @pytest.mark.slow
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=ROWS, parts=st.integers(1, 3), tail=st.sampled_from(["count", "collect"]))
 def test_both_lowerings_agree(spark, rows, parts, tail):
     """Random rows (some with a null key, which the filter keeps only when `v` < 35): same output or same error.

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from examples_budget import examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from streaming_helpers import AlwaysPast, PastOnItem
@@ -110,13 +111,13 @@ def _check_batch(spark: Any, items: list[Any], steps: list[str], rules: Any) -> 
     assert sorted(out_s, key=repr) == sorted(out_l, key=repr)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(items=ITEMS, steps=st.lists(STEPS, min_size=1, max_size=4))
 def test_local_and_spark_agree(spark, items, steps):
     _check_batch(spark, items, steps, None)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(items=ITEMS, steps=st.lists(STEPS, min_size=1, max_size=4))
 def test_local_and_spark_with_every_rule_off_agree(spark, items, steps):
     _check_batch(spark, items, steps, "none")
@@ -198,13 +199,13 @@ def _check_streaming(spark: Any, items: list[Any], steps: list[str], rules: Any)
     assert sorted(out_s, key=repr) == sorted(out_l, key=repr)
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(items=ITEMS, steps=st.lists(STREAM_STEPS, min_size=1, max_size=3))
 def test_local_and_spark_streaming_agree(spark, items, steps):
     _check_streaming(spark, items, steps, None)
 
 
-@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(4), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(items=ITEMS, steps=st.lists(STREAM_STEPS, min_size=1, max_size=3))
 def test_local_and_spark_streaming_with_every_rule_off_agree(spark, items, steps):
     _check_streaming(spark, items, steps, "none")

@@ -13,6 +13,7 @@ import operator
 from typing import Any, Callable
 
 import pytest
+from examples_budget import examples
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -112,7 +113,7 @@ _ROWS = st.lists(
 
 
 @pytest.mark.slow
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=_ROWS)
 @example(rows=[])
 @example(rows=[{"user": "a", "amount": 2**63 - 1, "name": "x", "price": 1.5}] * 3)

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+from examples_budget import examples
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -130,7 +131,7 @@ _SHAPES = st.fixed_dictionaries({"wait": st.sampled_from([0, 15]), "sliding": st
 
 
 @pytest.mark.slow
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(rows=_ROWS, shape=_SHAPES)
 @example(rows=[], shape={"wait": 0, "sliding": False, "folded": False})
 @example(
