@@ -1282,9 +1282,8 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
             self._close(wm, events)
         return (events, not self.accs and not self.queue)
 
-    @override
-    def on_batch(self, values: list[V]) -> tuple[list[Any], bool]:
-        # The hot loop: the same steps as `_WindowLogic` with `_FoldWindowLogic`, inlined.
+    def _batch_start(self) -> tuple[datetime, datetime]:
+        """`(now, watermark)` at the start of a batch; queued values system time alone made due are applied."""
         now = self.now_getter()
         if now > self.now:
             self.now = now
@@ -1292,14 +1291,19 @@ class _FastFoldLogic(StatefulBatchLogic[V, tuple[int, int, Any], tuple[Any, ...]
             now = self.now
         sys_max = self.sys_max
         if now is sys_max:
-            wm = self.base
-        else:
-            try:
-                wm = self.base + (now - sys_max)
-            except OverflowError:
-                wm = UTC_MAX
-            if self.qmin <= wm:  # system time alone moved the watermark past queued values
-                self._flush_due(wm)
+            return now, self.base
+        try:
+            wm = self.base + (now - sys_max)
+        except OverflowError:
+            wm = UTC_MAX
+        if self.qmin <= wm:  # system time alone moved the watermark past queued values
+            self._flush_due(wm)
+        return now, wm
+
+    @override
+    def on_batch(self, values: list[V]) -> tuple[list[Any], bool]:
+        # The hot loop: the same steps as `_WindowLogic` with `_FoldWindowLogic`, inlined.
+        now, wm = self._batch_start()
         events: list[Any] = []
         ts_getter = self.ts_getter
         wait = self.wait
