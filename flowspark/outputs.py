@@ -16,8 +16,8 @@ from zlib import adler32
 
 from typing_extensions import override
 
+from flowspark._paths import cwd_note
 from flowspark.errors import FlowsparkBuildError, FlowsparkTypeError, RecoveryError
-from flowspark.inputs import cwd_note
 
 X = TypeVar("X")
 S = TypeVar("S")
