@@ -17,9 +17,9 @@ import queue
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterable, Iterable, Iterator
 from datetime import datetime, timedelta
-from typing import Any, Callable, Generic, Optional, TypeVar, cast
+from typing import Any, Callable, Generic, Optional, cast
 
-from typing_extensions import override
+from typing_extensions import TypeVar, override
 
 from flowspark._lazy import lazy_names
 from flowspark._time import utc_now
@@ -27,6 +27,8 @@ from flowspark.errors import FlowsparkTypeError
 
 X = TypeVar("X")
 S = TypeVar("S")
+#: A polling source's state type: optional, as in Bytewax (`SimplePollingSource[int]` polls with no state).
+Sn = TypeVar("Sn", default=None)
 
 __all__ = [
     "DriverItems",
@@ -208,7 +210,7 @@ class DriverItems(ABC):
         return []
 
 
-class _SimplePollingPartition(StatefulSourcePartition[X, S]):
+class _SimplePollingPartition(StatefulSourcePartition[X, Sn]):
     """The one partition of a `SimplePollingSource`: calls `getter` every `interval`.
 
     Same constructor as Bytewax's (a ported test builds one directly with a fixed `now`).
@@ -220,7 +222,7 @@ class _SimplePollingPartition(StatefulSourcePartition[X, S]):
         interval: timedelta,
         align_to: Optional[datetime],
         getter: Callable[[], X],
-        snapshot: Callable[[], S],
+        snapshot: Callable[[], Sn],
     ) -> None:
         self._interval = interval
         self._getter = getter
@@ -247,11 +249,11 @@ class _SimplePollingPartition(StatefulSourcePartition[X, S]):
         return self._next_awake
 
     @override
-    def snapshot(self) -> S:
+    def snapshot(self) -> Sn:
         return self._snapshot()
 
 
-class SimplePollingSource(FixedPartitionedSource[X, S]):
+class SimplePollingSource(FixedPartitionedSource[X, Sn]):
     """Call `next_item()` every `interval`; for polling an API.
 
     One partition (`"singleton"`): only one worker polls. `next_item` returns
@@ -307,7 +309,7 @@ class SimplePollingSource(FixedPartitionedSource[X, S]):
         return ["singleton"]
 
     @override
-    def build_part(self, step_id: str, for_part: str, resume_state: Optional[S]) -> _SimplePollingPartition[X, S]:
+    def build_part(self, step_id: str, for_part: str, resume_state: Optional[Sn]) -> _SimplePollingPartition[X, Sn]:
         now = utc_now()
         if resume_state is not None:
             self.resume(resume_state)
@@ -325,15 +327,15 @@ class SimplePollingSource(FixedPartitionedSource[X, S]):
             StopIteration: At end of input.
         """
 
-    def snapshot(self) -> S:
+    def snapshot(self) -> Sn:
         """Return the position to resume after the last item `next_item` returned (default `None`).
 
         Returns:
             Picklable state, handed to `resume` when an execution resumes.
         """
-        return cast(S, None)
+        return cast(Sn, None)
 
-    def resume(self, resume_state: S) -> None:  # noqa: B027
+    def resume(self, resume_state: Sn) -> None:  # noqa: B027
         """Go back to a snapshot; called once before `next_item` when an execution resumes.
 
         Args:

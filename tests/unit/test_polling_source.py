@@ -51,3 +51,45 @@ def test_align_to_and_retry_and_resume():
         assert part.next_batch() == []
         assert part.next_awake() == datetime(2024, 1, 1, 12, 0, 11, tzinfo=timezone.utc)
         assert part.next_batch() == [42]
+
+
+def _one_type_argument_output(inputs, dataflow, operators, testing) -> list:
+    """A polling source subscripted with its item type only, run to its end with one library's modules."""
+
+    class CounterSource(inputs.SimplePollingSource[int]):
+        def __init__(self):
+            super().__init__(timedelta(0))
+            self.n = 0
+
+        def next_item(self) -> int:
+            self.n += 1
+            if self.n > 3:
+                raise StopIteration
+            return self.n
+
+    out: list = []
+    flow = dataflow.Dataflow("counter")
+    nums = operators.input("inp", flow, CounterSource())
+    operators.output("out", operators.map("double", nums, lambda n: n * 2), testing.TestingSink(out))
+    testing.run_main(flow)
+    return out
+
+
+def test_a_polling_source_takes_one_type_argument_like_bytewax():
+    import pytest
+
+    import flowspark.dataflow
+    import flowspark.inputs
+    import flowspark.operators
+    import flowspark.testing
+
+    ours = _one_type_argument_output(flowspark.inputs, flowspark.dataflow, flowspark.operators, flowspark.testing)
+    assert ours == [2, 4, 6]
+    bytewax = pytest.importorskip("bytewax")
+    del bytewax
+    import bytewax.dataflow
+    import bytewax.inputs
+    import bytewax.operators
+    import bytewax.testing
+
+    assert _one_type_argument_output(bytewax.inputs, bytewax.dataflow, bytewax.operators, bytewax.testing) == ours
