@@ -145,13 +145,26 @@ def parse_import_str(text: str) -> ImportStr:
         raise _fail(msg)
     attr, call, args, kwargs = _parse_attr(text, attr_text) if sep else ("flow", False, (), {})
     is_file = target.endswith(".py") or "/" in target or os.sep in target
-    if not is_file and not all(part.isidentifier() for part in target.split(".")):
+    if not is_file and not all(_module_part(part) for part in target.split(".")):
         msg = (
-            f"{target!r} in import string {text!r} is neither a module name (dotted identifiers) nor a path "
+            f"{target!r} in import string {text!r} is neither a module name (dotted names) nor a path "
             f"to a .py file; give {_FORMS}"
         )
         raise _fail(msg)
     return ImportStr(text, target, is_file, attr, call, args, kwargs)
+
+
+def _module_part(part: str) -> bool:
+    """Whether `part` can be one name of a dotted module name `importlib` imports.
+
+    As in Bytewax, any name a file can have is taken (`examples.1brc` imports `examples/1brc.py`,
+    which is no identifier); only an empty part or one with spaces or path separators is refused.
+
+    Example:
+        >>> [_module_part(p) for p in ("flows", "1brc", "my-flow", "", "a b", "a/b")]
+        [True, True, True, False, False, False]
+    """
+    return bool(part) and not any(c.isspace() or c in "/\\" for c in part)
 
 
 def module_for_file(spec: ImportStr) -> tuple[str, Path, Path]:
@@ -175,10 +188,10 @@ def module_for_file(spec: ImportStr) -> tuple[str, Path, Path]:
     while (root / "__init__.py").is_file():
         parts.insert(0, root.name)
         root = root.parent
-    if not parts or not all(p.isidentifier() for p in parts):
+    if not parts or not all(_module_part(p) and "." not in p for p in parts):
         msg = (
-            f"{spec.target!r} would be imported as module {'.'.join(parts)!r}, which is not a valid module name; "
-            "rename the file (letters, digits and '_' only)"
+            f"{spec.target!r} would be imported as module {'.'.join(parts)!r}, which is not a module name "
+            "importlib can import; rename the file (no '.' or spaces before '.py')"
         )
         raise _fail(msg)
     return ".".join(parts), root, path

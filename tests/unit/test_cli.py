@@ -93,6 +93,28 @@ def test_run_module_name_and_attribute(proj):
     assert not (proj / "out.txt").exists()
 
 
+@pytest.mark.parametrize(
+    ("module", "import_str"),
+    [
+        ("flowspark.run", "examples.1brc"),
+        ("flowspark.run", "examples/1brc.py"),
+        ("flowspark.run", "2nd_flow:other"),
+        ("flowspark", "examples.1brc"),
+    ],
+)
+def test_run_a_module_whose_name_is_no_identifier_as_bytewax_does(proj, module, import_str):
+    """Any name importlib imports (`examples.1brc`, as in Bytewax's own examples), by module name or path."""
+    (proj / "examples").mkdir()
+    (proj / "examples" / "__init__.py").write_text("")
+    (proj / "examples" / "1brc.py").write_text(FLOW_FILE)
+    (proj / "2nd_flow.py").write_text(FLOW_FILE)
+    args = ["run", import_str] if module == "flowspark" else [import_str]
+    res = _cli(proj, module, *args)
+    assert res.returncode == 0, res.stderr
+    out = "other.txt" if import_str.endswith(":other") else "out.txt"
+    assert (proj / out).read_text() == "A\nB\n"
+
+
 def test_run_absolute_path_from_another_directory(proj, tmp_path_factory):
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     (elsewhere / "in.txt").write_text("z\n")
@@ -199,7 +221,8 @@ def test_run_help_lists_bytewax_flags(proj):
         ("flows.py:a.b", ["neither a name nor a simple function call"]),
         ("flows.py:flow()", ["is not a function", "drop the parentheses"]),
         ("flows.py:", ["nothing after ':'"]),
-        ("bad-name", ["neither a module name", "nor a path"]),
+        ("bad-name", ["module 'bad-name'", "not found"]),
+        ("a b", ["neither a module name", "nor a path"]),
         ("", ["empty import string"]),
         (".", ["neither a module name"]),
     ],
