@@ -1,0 +1,141 @@
+"""Fetch the jars flowspark's Kafka path needs, with Maven, into a cache directory (once).
+
+Two sets, each in its own directory under ``$FLOWSPARK_JARS_DIR`` (default
+``~/.cache/flowspark/jars``):
+
+* ``kafka-<pyspark version>/``: Spark's Kafka connector
+  (``org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version>``) with its runtime
+  dependencies. Sessions flowspark creates for a flow that reads or writes Kafka put them
+  in ``spark.jars``.
+* ``kafka-broker-<kafka version>/``: an Apache Kafka broker (``org.apache.kafka:kafka_2.13``)
+  with its dependencies, for the tests' one-node KRaft broker (``tests/spark/kafka_broker.py``).
+
+A directory holding a ``.complete`` marker is not fetched again. Usage::
+
+    python scripts/fetch_jars.py            # both sets
+    python scripts/fetch_jars.py connector  # only Spark's connector
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BROKER_VERSION = "3.9.1"
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>flowspark.jars</groupId>
+  <artifactId>fetch</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency>
+      <groupId>{group}</groupId>
+      <artifactId>{artifact}</artifactId>
+      <version>{version}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+
+def jars_root() -> Path:
+    """The cache directory (``$FLOWSPARK_JARS_DIR`` or ``~/.cache/flowspark/jars``)."""
+    env = os.environ.get("FLOWSPARK_JARS_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "flowspark" / "jars"
+
+
+def pyspark_version() -> str:
+    """The installed pyspark's version."""
+    from importlib.metadata import version
+
+    return version("pyspark")
+
+
+def connector_dir() -> Path:
+    """Where Spark's Kafka connector jars are kept for the installed pyspark."""
+    return jars_root() / f"kafka-{pyspark_version()}"
+
+
+def broker_dir() -> Path:
+    """Where the test broker's jars are kept."""
+    return jars_root() / f"kafka-broker-{BROKER_VERSION}"
+
+
+class Refused(Exception):
+    """Maven did not serve a coordinate (the message is Maven's own refusal)."""
+
+
+def fetch(coordinate: str, dest: Path) -> Path:
+    """Copy `coordinate` (group:artifact:version) and its runtime dependencies into `dest`, once.
+
+    Raises:
+        Refused: Maven could not resolve it (its error lines in the message).
+    """
+    if (dest / ".complete").exists():
+        return dest
+    if shutil.which("mvn") is None:
+        sys.exit("fetch_jars: `mvn` is not installed; install Maven, then run python scripts/fetch_jars.py")
+    group, artifact, version = coordinate.split(":")
+    tmp = Path(tempfile.mkdtemp(prefix="flowspark-jars-"))
+    try:
+        (tmp / "pom.xml").write_text(_POM.format(group=group, artifact=artifact, version=version))
+        partial = dest.with_name(dest.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        cmd = [
+            "mvn",
+            "-q",
+            "-B",
+            "-f",
+            str(tmp / "pom.xml"),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={partial}",
+        ]
+        done = subprocess.run(cmd, check=False, capture_output=True, text=True)
+        if done.returncode != 0:
+            errors = [line for line in (done.stdout + done.stderr).splitlines() if "[ERROR]" in line]
+            first = errors[0] if errors else done.stdout + done.stderr
+            raise Refused(re.sub(r"\x1b\[[0-9;]*m|\[ERROR\] ", "", first).strip())
+        shutil.rmtree(dest, ignore_errors=True)
+        partial.rename(dest)
+        (dest / ".complete").write_text(coordinate + "\n")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def main(argv: list[str]) -> int:
+    """Fetch the sets named in `argv` (default: both).
+
+    With no argument (as `.ci/run` calls it) a connector Maven does not serve for the installed
+    pyspark is reported in one line and is not an error (no test needs it yet); naming
+    `connector` makes it one. The broker's jars are always required.
+    """
+    which = set(argv) or {"connector", "broker"}
+    code = 0
+    if "broker" in which:
+        try:
+            print(fetch(f"org.apache.kafka:kafka_2.13:{BROKER_VERSION}", broker_dir()))
+        except Refused as e:
+            print(f"fetch_jars: the Kafka broker's jars: {e}", file=sys.stderr)
+            code = 1
+    if "connector" in which:
+        coordinate = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark_version()}"
+        try:
+            print(fetch(coordinate, connector_dir()))
+        except Refused as e:
+            print(f"fetch_jars: Spark's Kafka connector {coordinate} not fetched: {e}", file=sys.stderr)
+            if argv:
+                code = 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
