@@ -11,7 +11,9 @@ What it does:
 3. writes a small driver program that calls `flowspark run --runtime spark`
    with the module-form import string;
 4. runs `PYSPARK/bin/spark-submit --master URL --py-files flow.zip ... driver.py`
-   (`--dry-run` prints that exact command instead, one shell-quoted line).
+   (`--dry-run` prints that exact command instead, one shell-quoted line);
+   a flow that reads or writes Kafka gets `--packages` with Spark's Kafka
+   connector (`KAFKA_PACKAGE`) unless `--conf spark.jars.packages=...` is given.
 
 The driver and the executors use this Python (`sys.executable`) unless
 `--archives env.tar.gz#environment` ships a packed environment, in which case
@@ -32,7 +34,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from flowspark.errors import FlowsparkError
 
@@ -243,6 +245,19 @@ def _archive_alias(archives: list[str]) -> Optional[str]:
     return None
 
 
+def _reads_or_writes_kafka(flow: Any) -> bool:
+    """Tell whether a step of `flow` reads or writes Kafka (Spark's connector must then be shipped)."""
+    from flowspark import ir
+    from flowspark.spark.io.kafka import KafkaSink, KafkaSource
+
+    for node in ir.walk(flow.validate()):
+        if isinstance(node, ir.Input) and isinstance(node.source, KafkaSource):
+            return True
+        if isinstance(node, ir.Output) and isinstance(node.sink, KafkaSink):
+            return True
+    return False
+
+
 def submit(args: argparse.Namespace) -> int:
     """Package the flow, write the driver and run (or print) the spark-submit command.
 
@@ -313,6 +328,10 @@ def submit(args: argparse.Namespace) -> int:
     cmd += ["--py-files", py_files]
     for a in args.archives:
         cmd += ["--archives", a]
+    if _reads_or_writes_kafka(flow) and "spark.jars.packages" not in conf:
+        from flowspark.spark.io.kafka import KAFKA_PACKAGE
+
+        cmd += ["--packages", KAFKA_PACKAGE]  # Spark's Kafka connector is not part of Spark's distribution
     for k, v in conf.items():
         cmd += ["--conf", f"{k}={v}"]
     cmd.append(str(driver))
