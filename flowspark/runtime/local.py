@@ -673,7 +673,7 @@ class _StatefulRt(_Rt):
     ) -> None:
         # Time is fixed at `fixed_now` for the whole run. Each activation's items are
         # grouped by key in sorted key order (as in Bytewax, and as the Spark batch
-        # runtime's sequences sort: `flowspark.runtime.driver.regroup`); each key's values
+        # runtime's sequences sort: `flowspark.runtime.tags.regroup`); each key's values
         # of the activation go through the driver's fixed-time timeline (tags unused). At
         # EOF, key by key in sorted key order (as the Spark batch runtime's end-of-key tags
         # sort), its due notifications fire, then its on_eof.

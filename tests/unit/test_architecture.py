@@ -362,7 +362,7 @@ def test_the_plan_imports_no_runtime_and_no_lowering():
     graph = _imports()
     lowerings = ("flowspark.runtime", "flowspark.spark.batch", "flowspark.spark.streaming", "flowspark.spark.rules")
     for module in ("flowspark.spark.plan.types", "flowspark.spark.plan.compiler"):
-        assert sorted(d for d in graph[module] if d.startswith(lowerings) and d != "flowspark.runtime.driver") == []
+        assert sorted(d for d in graph[module] if d.startswith(lowerings) and d != "flowspark.runtime.tags") == []
     assert graph["flowspark.spark.plan.types"] <= {"flowspark.ir"}
 
 

@@ -19,7 +19,8 @@ import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
 from flowspark.operators import StatefulLogic
-from flowspark.runtime.driver import drive_chain, drive_states, idx
+from flowspark.runtime.driver import drive_chain, drive_states
+from flowspark.runtime.tags import idx
 from flowspark.spark import SparkSink, SparkSource, compile_flow, run
 from flowspark.spark.plan.types import KeyedStep, Port, StageSpec
 from flowspark.spark.rules.optimizer import Env, optimize

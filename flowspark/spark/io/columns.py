@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
-from flowspark.runtime.driver import HEAD_LEN
+from flowspark.runtime.tags import HEAD_LEN
 
 __all__ = [
     "ID_COLUMN",

@@ -26,7 +26,7 @@ from flowspark import ir
 from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
 from flowspark.inputs import DriverItems, DynamicSource, FixedPartitionedSource
 from flowspark.outputs import DriverSink, DynamicSink, FixedPartitionedSink
-from flowspark.runtime.driver import SOURCE_LEN, idx
+from flowspark.runtime.tags import SOURCE_LEN, idx
 from flowspark.spark.io.inputs import SparkSource
 from flowspark.spark.io.outputs import ForeachBatchSink, SparkSink
 from flowspark.spark.plan.types import InspectPlan, KeyedStep, Op, Plan, Port, SinkPlan, StagePlan, StageSpec

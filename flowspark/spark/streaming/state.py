@@ -41,7 +41,8 @@ from typing import Any, Callable, Optional
 
 from flowspark._time import use_clock
 from flowspark.errors import FlowsparkRuntimeError
-from flowspark.runtime.driver import UNKNOWN, drive_chain, drive_states, idx
+from flowspark.runtime.driver import UNKNOWN, drive_chain, drive_states
+from flowspark.runtime.tags import idx
 from flowspark.spark.io.columns import ID_COLUMN
 from flowspark.spark.plan.types import StageSpec
 from flowspark.spark.streaming.chunklayout import ChunkTable, chunk_processor

@@ -11,7 +11,7 @@ import struct
 from collections.abc import Iterator
 from typing import Any
 
-from flowspark.runtime.driver import EOF_BASE, eof_tag, idx
+from flowspark.runtime.tags import EOF_BASE, eof_tag, idx
 from flowspark.spark.plan.types import Aggregate, StageSpec
 
 __all__ = ["aggregated_items"]

@@ -13,20 +13,20 @@
   appends one `>I` component (the index of the output among the outputs of its
   input item; steps the IR marks `one_to_one` keep the input's sequence); a
   stateful step moves its key in right after the activation
-  (`flowspark.runtime.driver.regroup`) and appends one component (the index of the
+  (`flowspark.runtime.tags.regroup`) and appends one component (the index of the
   emit among the emits caused by one input value), so an activation's emits sort
   by key in sorted key order, as Bytewax groups an activation by key before a
   stateful step. Emits at the end of a key (notifications due after the last
   value, then `on_eof`) get the activation `EOF_HEADER + level` (`level`: the
   number of stateful steps on the longest path from a source to this step, so it
   is above every activation the step's input can carry), then the key
-  (`flowspark.runtime.driver.eof_tag`), and indexes from `EOF_BASE` on: they sort
+  (`flowspark.runtime.tags.eof_tag`), and indexes from `EOF_BASE` on: they sort
   after every item emitted while input flowed, and keys end in sorted key order,
   as in Bytewax and the in-memory executor. A merge inserts the upstream's index
   right after the activation and pads the sequence to the longest upstream's
   length, so the items of one activation come upstream by upstream, as in the
   in-memory executor's passes. Keys are encoded prefix-free
-  (`flowspark.runtime.driver.key_tag`), so comparisons are decided inside the
+  (`flowspark.runtime.tags.key_tag`), so comparisons are decided inside the
   first component that differs and never reach the padding; sorting by sequence
   gives the order of `run_main(clock="fixed")` and, within a key, exactly.
 - **Errors** (`encode_task_error` / `decode_task_error`): a marker that carries a
@@ -49,7 +49,7 @@ from typing import Any, Optional
 import cloudpickle
 
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkRuntimeTypeError, malformed_input_error
-from flowspark.runtime.driver import EOF_BASE, EOF_HEADER, HEAD_LEN, SOURCE_LEN, idx
+from flowspark.runtime.tags import EOF_BASE, EOF_HEADER, HEAD_LEN, SOURCE_LEN, idx
 from flowspark.spark.compat import rebuilt_by_value
 
 __all__ = [

@@ -18,7 +18,8 @@ from typing import Any, Callable, Optional
 from flowspark._checks import all_pairs, check_bool
 from flowspark.deadletter import record as dead_record
 from flowspark.errors import FlowsparkTypeError, routing_error, step_error
-from flowspark.runtime.driver import NOT_FOUND, bad_item_error, failing_item, idx
+from flowspark.runtime.driver import NOT_FOUND, bad_item_error, failing_item
+from flowspark.runtime.tags import idx
 from flowspark.spark.plan.types import Op, StageSpec
 from flowspark.spark.worker.codec import apply_pad
 

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from flowspark._time import use_clock
 from flowspark.deadletter import record as dead_record
 from flowspark.errors import FlowsparkRuntimeError, FlowsparkTypeError, step_error
-from flowspark.runtime.driver import StepDriver, drive_chain, eof_emits
+from flowspark.runtime.driver import StepDriver, drive_chain
+from flowspark.runtime.tags import eof_emits
 from flowspark.spark.plan.types import DEAD_PORT, Op, StageSpec
 from flowspark.spark.worker.aggregates import aggregated_items
 from flowspark.spark.worker.codec import (
