@@ -36,8 +36,9 @@ from typing import Any, Callable, Optional, cast
 from flowspark import ir
 from flowspark.outputs import FixedPartitionedSink, part_of
 from flowspark.recovery import RecoveryStore
-from flowspark.runtime.local import Executor, OutputRuntime, StepRuntime, run_flow
+from flowspark.runtime.local import Executor, run_flow
 from flowspark.runtime.routing import key_worker, primaries
+from flowspark.runtime.steps import OutputRuntime, StepRuntime
 
 __all__ = ["run_workers"]
 
