@@ -196,3 +196,25 @@ def test_the_java_side_of_the_listener_hands_this_flows_progress_and_every_end_t
     java.onQueryTerminated(_JEvent(run_id="run-1"))
     with lst.cond:
         assert lst.ended("run-1")
+
+
+class _IdleRestart:
+    """A restarted query that found no new input: Spark names the next batch, which ran nowhere."""
+
+    runId = "run-2"  # noqa: N815 - pyspark's name
+    lastProgress = {"batchId": 1, "numInputRows": 0}  # noqa: N815, RUF012 - pyspark's name
+
+
+def test_the_drain_ends_at_the_runs_delivered_termination_not_at_its_timeout():
+    lst = Listener(SimpleNamespace(query=None), None)
+    threading.Timer(0.2, lst.terminated, args=("run-2",)).start()
+    t0 = time.monotonic()
+    lst.drain(_IdleRestart(), timeout=10.0)
+    assert time.monotonic() - t0 < 5.0  # the termination came after 0.2 s: every progress event was in
+
+
+def test_the_drain_waits_for_the_last_batchs_progress_until_its_timeout():
+    lst = Listener(SimpleNamespace(query=None), None)
+    t0 = time.monotonic()
+    lst.drain(_IdleRestart(), timeout=0.5)  # neither the progress nor the termination comes
+    assert time.monotonic() - t0 >= 0.5

@@ -146,13 +146,20 @@ class Listener:
         return run_id in self.ended_runs
 
     def drain(self, query: Any, timeout: float = 10.0) -> None:
-        """Wait until the progress of the query's last micro-batch was delivered (events are asynchronous)."""
+        """Wait until the progress of the query's last micro-batch was delivered (events are asynchronous).
+
+        Spark posts a run's events in order, its termination last: once that was delivered, every
+        progress event of the run was too. A restart that found no new input ran no micro-batch,
+        yet `lastProgress` names the next batch id (Spark reports it idle, with no progress event),
+        so without that end the wait would last the whole `timeout`.
+        """
         last = query.lastProgress
         if last is None:
             return
+        run_id = str(query.runId)
         deadline = time.monotonic() + timeout
         with self.cond:
-            while self.last_batch < last["batchId"] and time.monotonic() < deadline:
+            while self.last_batch < last["batchId"] and not self.ended(run_id) and time.monotonic() < deadline:
                 self.cond.wait(0.05)
 
 
