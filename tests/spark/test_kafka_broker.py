@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 from kafka_broker import broker
 
-pytestmark = pytest.mark.slow
+# Part of the Spark suite (the broker serves the Kafka flows), out of the fast loop; kafka-python
+# imports resources the old way (a DeprecationWarning per call, not ours to fix).
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.spark,
+    pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning"),
+]
 
 
 @pytest.fixture(scope="session")
