@@ -46,6 +46,7 @@ from flowspark.errors import (
 from flowspark.recovery import RecoveryConfig, RecoveryStore, epochs_per
 from flowspark.runtime.bounds import ends as _ends
 from flowspark.runtime.bounds import leading_to_stateful as _leading_to_stateful
+from flowspark.runtime.stateful import StatefulRuntime
 from flowspark.runtime.steps import (
     Abort,
     BranchRuntime,
@@ -53,7 +54,6 @@ from flowspark.runtime.steps import (
     MapRuntime,
     MergeRuntime,
     OutputRuntime,
-    StatefulRuntime,
     StepRuntime,
 )
 

@@ -11,6 +11,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.spark,
     pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:read_text is deprecated:DeprecationWarning"),
 ]
 
 
