@@ -362,7 +362,7 @@ def test_the_first_keys_sample_reads_partition_0_as_the_stage_does(spark, tmp_pa
     # key's rows dropped), or two cut takes too small (the full sampling job then runs).
     from pyspark.sql import functions as F  # noqa: N812,TID251
 
-    from flowspark.spark import columns
+    from flowspark.spark.io import columns
 
     if takes is not None:
         monkeypatch.setattr(columns, "SAMPLE_ROWS", takes)
