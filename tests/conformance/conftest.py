@@ -159,15 +159,20 @@ def runtime(request, tmp_path):
     return Runtime(request.param, run_spark)
 
 
-def _has_keyed_stage(flow: Any) -> bool:
-    """Whether the flow's Spark plan has a keyed stage: the only stages whose query a state layout changes."""
+def _plan_or_none(flow: Any) -> Any:
+    """The flow's Spark plan, or `None` when compiling fails (the run itself raises that, as the case expects)."""
     from flowspark.spark import compile_flow
 
     try:
-        plan = compile_flow(flow.validate())
-    except Exception:  # noqa: BLE001 - the run itself raises it, as the case expects
-        return True
-    return any(st.kind == "keyed" for st in plan.stages)
+        return compile_flow(flow.validate())
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _has_keyed_stage(flow: Any) -> bool:
+    """Whether the flow's Spark plan has a keyed stage: the only stages whose query a state layout changes."""
+    plan = _plan_or_none(flow)
+    return plan is None or any(st.kind == "keyed" for st in plan.stages)
 
 
 def _a_rule_applies(flow: Any, *, streaming: bool) -> bool:
@@ -179,15 +184,14 @@ def _a_rule_applies(flow: Any, *, streaming: bool) -> bool:
     `rules="none"` runs the same stages and sinks: only the query rule `lean_listener`, how the
     progress listener reads events, differs (the Spark Connect runs take the other path).
     """
-    from flowspark.spark import SparkSink, SparkSource, compile_flow
+    from flowspark.spark import SparkSink, SparkSource
     from flowspark.spark.rules.optimizer import Env, optimize
     from flowspark.spark.rules.switches import rules_arg
     from flowspark.spark.streaming.lowering import offline_env
 
-    try:
-        plan = compile_flow(flow.validate())
-    except Exception:  # noqa: BLE001 - the run itself raises it, as the case expects
-        return True
+    plan = _plan_or_none(flow)
+    if plan is None:
+        return True  # run both: the run raises the compile error
     if any(isinstance(st.source, SparkSource) for st in plan.stages) or any(
         isinstance(sk.sink, SparkSink) for sk in plan.sinks
     ):
