@@ -182,8 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--state-layout",
         choices=["chunk", "bucket", "key"],
-        default="chunk",
-        help="streaming flows: state layout (default chunk, a new checkpoint's)",
+        help="streaming flows: state layout (default a new checkpoint's: chunk; bucket on Spark 3.5)",
     )
     plan.add_argument("--rules", metavar="RULES", help=RULES_HELP)
 
@@ -302,6 +301,17 @@ def _state_layout(plan: Any, streaming: Any, partitions: Optional[int]) -> list[
     return out
 
 
+def _plan_layout(asked: Optional[str]) -> tuple[str, Optional[str]]:
+    """The layout `plan --spark` describes (`--state-layout`, else a new checkpoint's here), and why not the default."""
+    from flowspark.spark.streaming.lowering import layout_note, layouts_here
+    from flowspark.spark.streaming.state import LAYOUTS
+
+    if asked is not None:
+        return asked, None
+    chosen = layouts_here(LAYOUTS)[0]
+    return chosen, layout_note(chosen, LAYOUTS[0])
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from flowspark.visualize import to_flowchart, to_steps_json
 
@@ -328,6 +338,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     plan = compile_flow(flow.validate())
     chosen = rules_arg(args.rules, "--rules")
     streaming = None
+    layout_name, layout_why = _plan_layout(args.state_layout)
     if not plan.bounded:
         compile_streaming(plan)  # the checks of the streaming lowering
     physical: list[tuple[int, str]] = []
@@ -337,7 +348,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from flowspark.spark.session import DEFAULT_CONF
         from flowspark.spark.streaming.lowering import default_buckets
 
-        buckets = default_buckets(args.state_layout, int(DEFAULT_CONF["spark.sql.shuffle.partitions"]))
+        buckets = default_buckets(layout_name, int(DEFAULT_CONF["spark.sql.shuffle.partitions"]))
     if args.no_physical:
         from flowspark.spark.streaming.lowering import offline_env
 
@@ -352,18 +363,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if plan.bounded:
             plan, physical = physical_plans(plan, spark, rules=args.rules)
         else:
-            plan, physical = streaming_physical_plans(flow, spark, buckets, rules=args.rules, layout=args.state_layout)
+            plan, physical = streaming_physical_plans(flow, spark, buckets, rules=args.rules, layout=layout_name)
     if not plan.bounded:
         timers = needs_timers(plan)
         # a new checkpoint's choice without state_ttl; the text says what a state_ttl changes
-        untimed = untimed_choice(args.state_layout, timers, ttl=False)
-        streaming = Lowering(plan, buckets, timers, args.state_layout, untimed)
+        untimed = untimed_choice(layout_name, timers, ttl=False)
+        streaming = Lowering(plan, buckets, timers, layout_name, untimed)
     describe = describe_stage if streaming is None else streaming.stage
     layout = _state_layout(plan, streaming, partitions)
     if args.format == "json":
         doc = {"dataflow": json.loads(to_steps_json(flow, args.recursive)), "spark": _plan_json(plan, describe)}
         doc["spark"]["mode"] = "streaming" if streaming else "batch"
         doc["spark"]["keyed_state"] = layout
+        if streaming is not None and layout_why is not None:
+            doc["spark"]["state_layout_note"] = layout_why
         if not args.no_physical:
             doc["spark"]["physical"] = {str(sid): text for sid, text in physical}
         print(json.dumps(doc, indent=2))
@@ -374,6 +387,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     print()
     mode = "a Structured Streaming query (an unbounded source)" if streaming else "Spark batch jobs (bounded input)"
     print(f"runs as {mode}")
+    if streaming is not None and layout_why is not None:
+        print(layout_why)
     for ks in layout:
         print(f"keyed stage {ks['stage']}: {ks['lowers_to']}")
         print(f"    state: {ks['state']}")

@@ -10,10 +10,11 @@ from flowspark.spark.plan.compiler import as_graph, compile_flow
 from flowspark.spark.plan.types import Plan
 from flowspark.spark.streaming.checkpoint import check_recorded
 from flowspark.spark.streaming.ckfs import is_local
-from flowspark.spark.streaming.lowering import compile_streaming, needs_timers
+from flowspark.spark.streaming.lowering import check_versions, compile_streaming, layouts_here, needs_timers
 from flowspark.spark.streaming.query import StreamingRun
 from flowspark.spark.streaming.run import run_streaming
 from flowspark.spark.streaming.state import LAYOUTS
+from flowspark.spark.versions import check_supported
 
 __all__ = ["check_streaming", "run"]
 
@@ -45,6 +46,7 @@ def run(
     Raises:
         FlowsparkTypeError: `checkpoint`/`trigger` given for a bounded flow, or a bad argument.
     """
+    check_supported("flowspark.spark.run")
     plan = compile_flow(as_graph(flow))
     _check_options(plan.bounded, options)
     if not plan.bounded:
@@ -89,9 +91,11 @@ def check_streaming(
             or to a query without timers while this flow needs them.
     """
     plan = compile_streaming(flow)
+    check_versions(plan, state_layout, checkpoint)
     if is_local(checkpoint):
         steps = [ks.step_id for ks in plan.keyed_steps()]
-        check_recorded(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan), state_layout, LAYOUTS, state_ttl)
+        layouts = layouts_here(LAYOUTS)
+        check_recorded(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan), state_layout, layouts, state_ttl)
     return plan
 
 

@@ -28,7 +28,9 @@ __all__ = [
     "lean_listener",
     "read_utf8",
     "rebuilt_by_value",
+    "arrow_type",
     "stage_list",
+    "to_arrow",
 ]
 
 
@@ -95,6 +97,55 @@ def inferred_schema(spark: Any, rows: list[Any]) -> Any:
 
     infer = None if is_connect(spark) else getattr(spark, "_inferSchemaFromList", None)
     return infer(rows) if infer is not None else spark.createDataFrame(rows).schema
+
+
+def to_arrow(df: Any) -> Any:
+    """Collect `df` to the driver as one `pyarrow.Table` (`DataFrame.toArrow`, Spark 4.0+).
+
+    Spark 3.5 has no public `toArrow`: its classic DataFrame collects Arrow record batches
+    with the private `_collect_as_arrow` (what its own `toPandas` uses); an empty result
+    gives no batch, so the table takes its schema from `df.schema`.
+
+    Args:
+        df: A DataFrame.
+
+    Returns:
+        A `pyarrow.Table` with `df`'s columns.
+    """
+    to_arrow_method = getattr(df, "toArrow", None)
+    if to_arrow_method is not None:
+        return to_arrow_method()
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    batches = df._collect_as_arrow()
+    return pa.Table.from_batches(batches, schema=None if batches else to_arrow_schema(df.schema))
+
+
+def arrow_type(data_type: Any, timezone: Optional[str]) -> Any:
+    """The Arrow type pyspark gives a Spark `data_type`, its TIMESTAMPs in `timezone`.
+
+    Spark 4 takes the zone (`to_arrow_type(..., timezone=)`); Spark 3.5's `to_arrow_type`
+    has no such argument and gives a TIMESTAMP column UTC, replaced here by `timezone`.
+
+    Args:
+        data_type: A `pyspark.sql.types.DataType`.
+        timezone: The Arrow time zone of TIMESTAMP values, or `None`.
+
+    Returns:
+        A `pyarrow.DataType`.
+    """
+    import inspect
+
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    if "timezone" in inspect.signature(to_arrow_type).parameters:
+        return to_arrow_type(data_type, timezone=timezone)
+    typ = to_arrow_type(data_type)
+    if pa.types.is_timestamp(typ) and typ.tz is not None:
+        return pa.timestamp(typ.unit, tz=timezone)
+    return typ
 
 
 # --------------------------------------------------------------------------- status store

@@ -469,10 +469,11 @@ def streaming_physical_plans(
     from flowspark.spark.rules.switches import rules_arg
     from flowspark.spark.streaming import StreamingRun, compile_streaming, needs_timers
     from flowspark.spark.streaming.checkpoint import check_meta, untimed_choice
+    from flowspark.spark.streaming.lowering import layouts_here
     from flowspark.spark.streaming.state import LAYOUTS
 
     plan = compile_streaming(flow)
-    chosen = layout or LAYOUTS[0]
+    chosen = layout or layouts_here(LAYOUTS)[0]
     # A new query's choices, recorded in a throwaway checkpoint (never the temp folder itself,
     # nor a checkpoint of the user's: building the DataFrames records and reads its flags).
     with tempfile.TemporaryDirectory(prefix="flowspark-plan-") as scratch:

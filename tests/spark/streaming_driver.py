@@ -5,6 +5,9 @@ Usage: python streaming_driver.py ROOT CHECKPOINT OUT_DIR [continuous]
 With `continuous` the query runs until stopped (trigger=None); Ctrl-C (SIGINT) stops it
 between micro-batches and the driver prints DRIVER INTERRUPTED and exits with 130. With
 `FLOWSPARK_TEST_DEAD_LETTER=DIR` in the environment the run has a dead letter (`DeadLetterDir(DIR)`).
+With `FLOWSPARK_TEST_SOURCE=files` the flow reads the same files with Spark's own file stream
+(`SparkSource("json", ..., streaming=True)`, one file per micro-batch) instead of a Python source:
+the source Spark 3.5 streams (it has no Python data source).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from streaming_helpers import JsonlDirSource, count_mapper  # noqa: E402
 
 import flowspark.operators as op  # noqa: E402
 from flowspark.dataflow import Dataflow  # noqa: E402
+from flowspark.spark.io.inputs import SparkSource  # noqa: E402
 from flowspark.spark.io.outputs import SparkSink  # noqa: E402
 
 
@@ -27,7 +31,11 @@ def as_row(kv):
 
 def build(root: str, out_dir: str) -> Dataflow:
     flow = Dataflow("kill_test")
-    s = op.input("inp", flow, JsonlDirSource(root, ["a", "b"], batch=50))
+    if os.environ.get("FLOWSPARK_TEST_SOURCE") == "files":
+        files = SparkSource("json", f"{root}/*/*.jsonl", "user STRING", {"maxFilesPerTrigger": 1}, streaming=True)
+        s = op.input("inp", flow, files)
+    else:
+        s = op.input("inp", flow, JsonlDirSource(root, ["a", "b"], batch=50))
     counts = op.stateful_map("count", op.key_on("key", s, lambda e: e["user"]), count_mapper)
     op.output("out", op.map("row", counts, as_row), SparkSink("json", out_dir, schema="user STRING, n LONG"))
     return flow

@@ -102,7 +102,10 @@ def test_the_cycle_check_finds_a_cycle():
 #: layers before it, never of a later one (docs/architecture.md draws them). A name ending in `.`
 #: is a folder.
 SPARK_LAYERS = (
-    ("session", ("flowspark.spark.session", "flowspark.spark.compat", "flowspark.spark.carrier")),
+    (
+        "session",
+        ("flowspark.spark.session", "flowspark.spark.compat", "flowspark.spark.carrier", "flowspark.spark.versions"),
+    ),
     ("plan types", ("flowspark.spark.plan.types",)),
     ("worker", ("flowspark.spark.worker.",)),
     ("io", ("flowspark.spark.io.",)),
@@ -281,6 +284,7 @@ PRIVATE_PYSPARK = frozenset(
         "_explain_string",
         "_instantiatedSession",
         "_inferSchemaFromList",
+        "_collect_as_arrow",
         "_DYNAMIC_CLASS_TRACKER_BY_CLASS",
         "statusStore",
         "PythonSQLUtils",

@@ -29,6 +29,7 @@ from flowspark.outputs import part_of
 from flowspark.spark.batch.describe import describe_stage
 from flowspark.spark.batch.driverprefix import driver_prefix
 from flowspark.spark.batch.native import Aggregates, pair_rows, python_pass, sample_first_rows
+from flowspark.spark.compat import to_arrow
 from flowspark.spark.io.columns import (
     ID_COLUMN,
     column_kinds,
@@ -308,7 +309,7 @@ class _Job:
         parts.extend(self.misfits)
         parts.extend(self.malformed)
         df = union_all(parts)
-        table = _action(df.toArrow)
+        table = _action(lambda: to_arrow(df))
         if table.num_rows:
             table = table.take(pc.sort_indices(table, sort_keys=[("seq", "ascending")]))
         rows = loads_all(table.column("v").to_pylist()) if table.num_rows else []
@@ -474,7 +475,7 @@ class _Job:
             buffers[sk.step_id] = []
         if not handlers:
             return
-        table = in_sequence(_action(driver_rows(self.dfs, list(handlers)).toArrow))
+        table = in_sequence(_action(lambda: to_arrow(driver_rows(self.dfs, list(handlers)))))
         sts = table.column("st").to_pylist() if table.num_rows else []
         ps = table.column("p").to_pylist() if table.num_rows else []
         vs = table.column("v").to_pylist() if table.num_rows else []

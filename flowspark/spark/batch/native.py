@@ -37,6 +37,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, Callable, Optional
 
 from flowspark.ir import WindowCount
+from flowspark.spark.compat import to_arrow
 from flowspark.spark.io.columns import sampled_items
 from flowspark.spark.plan.types import Aggregate, Plan, StagePlan
 
@@ -376,7 +377,7 @@ def _check(df: Any, nulls: list[int], longs: list[int], sampled: list[str], wind
     if sampled:
         kept = ", ".join(["_pos", "k", *(["wid"] if windowed else []), *sampled])
         checks.append(f"sort_array(collect_list(CASE WHEN _pos < {SAMPLE_ROWS} THEN struct({kept}) END)) AS first")
-    table = rows.groupBy("_part").agg(*[F.expr(c) for c in checks]).toArrow()
+    table = to_arrow(rows.groupBy("_part").agg(*[F.expr(c) for c in checks]))
     out = []
     for i in range(table.num_rows):
         part = {name: table.column(name)[i] for name in table.column_names}

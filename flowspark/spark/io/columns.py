@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any, Callable, Optional
 
 from flowspark.runtime.tags import HEAD_LEN
+from flowspark.spark.compat import to_arrow
 
 __all__ = [
     "ID_COLUMN",
@@ -208,7 +209,7 @@ def prefix_sample(
     for take in SAMPLE_ROWS:
         table = read(take) if read is not None else None
         if table is None:
-            table = action(lambda t=take: positioned.limit(t).toArrow())  # type: ignore[misc]  # bound at definition
+            table = action(lambda t=take: to_arrow(positioned.limit(t)))  # type: ignore[misc]  # bound at definition
             if table.num_rows < take:
                 return None  # the whole input: the full sampling job reads it as cheaply
         ended = table.num_rows < take  # read at the driver: all of partition 0
@@ -258,7 +259,7 @@ def head_sample(
     import pyarrow.compute as pc
 
     def first(take: int) -> Any:
-        return ordered.limit(take).toArrow()
+        return to_arrow(ordered.limit(take))
 
     for take in SAMPLE_ROWS:
         table = action(lambda t=take: first(t))  # type: ignore[misc]  # bound at definition

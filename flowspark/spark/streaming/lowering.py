@@ -24,13 +24,17 @@ from flowspark.spark.streaming.keylayout import HOT_PER_BUCKET
 from flowspark.spark.streaming.routing import (
     needs_routing,
 )
+from flowspark.spark.versions import PYTHON_DATA_SOURCE, TRANSFORM_WITH_STATE, lacks, require
 
 __all__ = [
     "BUCKETS_PER_PARTITION",
     "BUCKET_LAYOUT_BUCKETS",
     "Lowering",
+    "check_versions",
     "compile_streaming",
     "default_buckets",
+    "layout_note",
+    "layouts_here",
     "lone_native_sink",
     "needs_timers",
     "offline_env",
@@ -163,6 +167,79 @@ def offline_env(plan: Plan, rules: tuple[frozenset[str], str]) -> Env:
         routed=needs_routing(plan),
         writer_sink=None if writer is None else writer.step_id,
     )
+
+
+def layouts_here(layouts: tuple[str, ...]) -> tuple[str, ...]:
+    """The state layouts in the order a new checkpoint picks from, on the installed pyspark.
+
+    `layouts` puts the default first (`"chunk"`); a pyspark without transformWithStateInPandas
+    (Spark 3.5) puts `"bucket"` first, the layout it can run (`layout_note` says why).
+
+    Args:
+        layouts: The known layouts, the default first.
+
+    Returns:
+        The same layouts, the one a new checkpoint takes first.
+    """
+    if lacks(TRANSFORM_WITH_STATE) is None:
+        return layouts
+    return ("bucket", *(name for name in layouts if name != "bucket"))
+
+
+def layout_note(layout: str, default: str) -> Optional[str]:
+    """Why a new checkpoint takes `layout` rather than the `default` layout, or `None` when it does not.
+
+    Args:
+        layout: The layout a new checkpoint takes on the installed pyspark.
+        default: The default layout on a pyspark that has every feature.
+
+    Returns:
+        A sentence, or `None`.
+    """
+    why = lacks(TRANSFORM_WITH_STATE)
+    if layout == default or why is None:
+        return None
+    return f"state layout {layout!r}, not the default {default!r}: {why}"
+
+
+def check_versions(plan: Plan, layout: Optional[str], checkpoint: str) -> None:
+    """Refuse, before any query starts, what the installed pyspark cannot run (`flowspark.spark.versions`).
+
+    Args:
+        plan: The streaming plan.
+        layout: The state layout asked for or recorded (`None`: not chosen yet).
+        checkpoint: The checkpoint directory (named in the message).
+
+    Raises:
+        FlowsparkCompileError: Naming the step or the option, the missing API and the fix.
+    """
+    for st in plan.stages:
+        if st.kind == "source" and not isinstance(st.source, SparkSource):
+            require(
+                PYTHON_DATA_SOURCE,
+                f"step {st.spec.source_step!r} reads a {type(st.source).__name__} in a streaming query",
+                "read the stream with a SparkSource (files, Kafka, a table), or install pyspark 4.0 or newer",
+            )
+    if needs_timers(plan):
+        require(
+            PYTHON_DATA_SOURCE,
+            f"stateful steps {', '.join(repr(ks.step_id) for ks in plan.keyed_steps())} run with timers "
+            "(notify_at, timeouts, windows), which a stream of ticks from a Python data source fires",
+            "install pyspark 4.0 or newer (batch runs such a flow on any supported line)",
+        )
+    if layout not in (None, "bucket"):
+        require(
+            TRANSFORM_WITH_STATE,
+            f"the {layout!r} state layout of checkpoint {checkpoint!r}",
+            "start a new checkpoint with state_layout='bucket', or install pyspark 4.0 or newer",
+        )
+    keyed = [ks.step_id for ks in plan.keyed_steps()]
+    if sum(1 for st in plan.stages if st.kind == "keyed") > 1:
+        require(
+            TRANSFORM_WITH_STATE,
+            f"stateful steps {', '.join(map(repr, keyed))} run in one query as several keyed stages",
+            "run them as separate flows, or install pyspark 4.0 or newer",
+        )
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from flowspark.spark.compat import to_arrow
 from flowspark.spark.streaming.ckfs import files, join
 from flowspark.spark.streaming.deadletter import task_batch_id
 
@@ -93,7 +94,7 @@ class Outbox:
         done = self.delivered()
         reader = self.spark.read.schema(OUTBOX_SCHEMA).option("ignoreMissingFiles", "true")
         df = reader.parquet(self.path).filter(F.col("b") > done)
-        table = df.select("st", "p", "seq", "v", "b").toArrow()
+        table = to_arrow(df.select("st", "p", "seq", "v", "b"))
         if not table.num_rows:
             return []
         out = []

@@ -21,6 +21,7 @@ from flowspark.errors import (
     step_error,
 )
 from flowspark.outputs import route_to_parts
+from flowspark.spark.compat import to_arrow
 from flowspark.spark.io.columns import ID_COLUMN, column_kinds, driver_rows, in_sequence, port_rows, stage_inputs
 from flowspark.spark.io.inputs import SparkSource, load_rows
 from flowspark.spark.io.outputs import SparkSink, infer_schema, write_rows
@@ -643,7 +644,7 @@ class StreamingRun:
 
     def _foreach_batch(self, df: Any, batch_id: int) -> None:
         try:
-            table = df.toArrow()
+            table = to_arrow(df)
         except Exception as e:
             err = decode_task_error(str(e))
             self._error = err if err is not None else e

@@ -20,7 +20,13 @@ from flowspark.spark.streaming.checkpoint import (
 )
 from flowspark.spark.streaming.ckfs import check_reachable, is_local
 from flowspark.spark.streaming.listen import Listener, make_listener, remove_listeners, wait_for_run
-from flowspark.spark.streaming.lowering import compile_streaming, default_buckets, needs_timers
+from flowspark.spark.streaming.lowering import (
+    check_versions,
+    compile_streaming,
+    default_buckets,
+    layouts_here,
+    needs_timers,
+)
 from flowspark.spark.streaming.query import StreamingRun
 from flowspark.spark.streaming.state import (
     LAYOUTS,
@@ -153,9 +159,11 @@ def run_streaming(
         spark = get_session()  # its Hadoop file systems open the checkpoint
     if spark is not None:
         check_reachable(spark, checkpoint)
+    check_versions(plan, state_layout, checkpoint)  # before anything is written
     spark, buckets = _buckets(spark, checkpoint, buckets, state_layout)
     timers = check_meta(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan))
-    layout = check_layout(checkpoint, state_layout, LAYOUTS)
+    layout = check_layout(checkpoint, state_layout, layouts_here(LAYOUTS))
+    check_versions(plan, layout, checkpoint)
     untimed = check_untimed(checkpoint, layout, timers, state_ttl is not None)
     if spark is None:
         spark = get_session()
@@ -223,5 +231,7 @@ def _buckets(spark: Any, checkpoint: str, buckets: Optional[int], layout: Option
             from flowspark.spark.session import get_session
 
             spark = get_session()
-        buckets = default_buckets(layout or LAYOUTS[0], int(spark.conf.get("spark.sql.shuffle.partitions")))
+        buckets = default_buckets(
+            layout or layouts_here(LAYOUTS)[0], int(spark.conf.get("spark.sql.shuffle.partitions"))
+        )
     return spark, buckets

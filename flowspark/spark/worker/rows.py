@@ -36,6 +36,15 @@ def row_schema(spark: Any, step_id: str, schema: Any) -> RowSchema:
         FlowsparkTypeError: The schema is not a valid DDL string or StructType, or names a type
             flowspark cannot write (named with the step and the column).
     """
+    if isinstance(schema, str):
+        from pyspark.sql.types import StructType
+
+        if not hasattr(StructType, "fromDDL"):  # Spark 3.5: the session's parser
+            try:
+                schema = spark.createDataFrame([], schema).schema
+            except Exception as e:
+                msg = f"step {step_id!r}: the sink's schema {schema!r} is not a valid DDL string ({e})"
+                raise FlowsparkTypeError(msg) from e
     return RowSchema(step_id, schema, spark.conf.get("spark.sql.session.timeZone"))
 
 
@@ -65,8 +74,9 @@ class RowSchema:
 
     def __init__(self, step_id: str, schema: Any, time_zone: str) -> None:
         """Build the Arrow schema and the converters."""
-        from pyspark.sql.pandas.types import to_arrow_type
         from pyspark.sql.types import StructType
+
+        from flowspark.spark.compat import arrow_type
 
         self.step_id = step_id
         self.time_zone = time_zone
@@ -89,7 +99,7 @@ class RowSchema:
         fields = []
         for f in self.struct.fields:
             try:
-                typ = to_arrow_type(f.dataType, timezone=arrow_tz)
+                typ = arrow_type(f.dataType, arrow_tz)
             except Exception as e:
                 msg = (
                     f"step {step_id!r}: the sink's column {f.name!r} has type {f.dataType.simpleString()}, "

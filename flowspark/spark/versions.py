@@ -1,0 +1,159 @@
+"""The pyspark versions flowspark supports, and what each line can run.
+
+flowspark runs on pyspark 3.5 to 4.3 (`OLDEST` to `NEWEST`, the `spark` extra's range).
+Spark 3.5 lacks two APIs a part of flowspark's streaming runtime is built on (`FEATURES`):
+
+- `transformWithStateInPandas` (Spark 4.0+): the `"chunk"` and `"key"` state layouts and
+  a query with several keyed stages. On 3.5 a new checkpoint takes the `"bucket"` layout
+  (`applyInPandasWithState`, since 3.4), and `flowspark plan --spark` says why.
+- the Python data source API (`pyspark.sql.datasource`, Spark 4.0+): a stream from a Python
+  source (`TestingSource`, a user-written source). On 3.5 a stream reads a `SparkSource`
+  (files, Kafka, tables).
+
+Everything of the batch runtime runs on every supported line. Importing this module
+imports nothing of pyspark.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from flowspark.errors import FlowsparkCompileError
+
+__all__ = [
+    "FEATURES",
+    "NEWEST",
+    "OLDEST",
+    "PYTHON_DATA_SOURCE",
+    "TRANSFORM_WITH_STATE",
+    "Feature",
+    "check_supported",
+    "installed",
+    "lacks",
+    "require",
+]
+
+#: The oldest and the newest supported minor lines, as `(major, minor)`.
+OLDEST = (3, 5)
+NEWEST = (4, 3)
+
+
+@dataclass(frozen=True)
+class Feature:
+    """A pyspark API some of flowspark needs, the line that brought it, and what needs it."""
+
+    name: str
+    since: tuple[int, int]
+    used_for: str
+
+
+TRANSFORM_WITH_STATE = Feature(
+    "transformWithStateInPandas",
+    (4, 0),
+    "the 'chunk' and 'key' state layouts and streaming queries with several keyed stages",
+)
+PYTHON_DATA_SOURCE = Feature(
+    "the Python data source API (pyspark.sql.datasource)",
+    (4, 0),
+    "streaming queries that read a Python source (TestingSource, a user-written source)",
+)
+FEATURES = (TRANSFORM_WITH_STATE, PYTHON_DATA_SOURCE)
+
+
+def installed(version: Optional[str] = None) -> tuple[int, int]:
+    """The installed pyspark's `(major, minor)` (or `version`'s).
+
+    Args:
+        version: A version string such as `"3.5.8"`; default the installed pyspark's.
+
+    Returns:
+        `(major, minor)`.
+
+    >>> installed("3.5.8")
+    (3, 5)
+    >>> installed("4.1.0.dev1")
+    (4, 1)
+    """
+    if version is None:
+        from importlib.metadata import version as dist_version
+
+        version = dist_version("pyspark")
+    major, minor = version.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def _text(line: tuple[int, int]) -> str:
+    return f"{line[0]}.{line[1]}"
+
+
+def _installed_text() -> str:
+    from importlib.metadata import version as dist_version
+
+    return dist_version("pyspark")
+
+
+def check_supported(caller: str, version: Optional[str] = None) -> None:
+    """Refuse a pyspark outside the supported range, in one line.
+
+    Args:
+        caller: Who asks (`"flowspark.spark.run"`), named in the message.
+        version: The version to check; default the installed pyspark's.
+
+    Raises:
+        FlowsparkCompileError: Naming the installed and the supported versions.
+
+    >>> check_supported("run", "4.2.0")
+    >>> check_supported("run", "3.4.4")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    flowspark.errors.FlowsparkCompileError: run: pyspark 3.4.4 is installed; flowspark supports pyspark 3.5 to 4.3: ...
+    """
+    text = _installed_text() if version is None else version
+    line = installed(text)
+    if OLDEST <= line <= NEWEST:
+        return
+    msg = (
+        f"{caller}: pyspark {text} is installed; flowspark supports pyspark {_text(OLDEST)} to {_text(NEWEST)}: "
+        f'install one of those (pip install "pyspark>={_text(OLDEST)},<{NEWEST[0]}.{NEWEST[1] + 1}"), '
+        "the version of your cluster's Spark"
+    )
+    raise FlowsparkCompileError(msg)
+
+
+def lacks(feature: Feature, version: Optional[str] = None) -> Optional[str]:
+    """Why the installed pyspark (or `version`) cannot use `feature`; `None` when it can.
+
+    Args:
+        feature: One of `FEATURES`.
+        version: A version string; default the installed pyspark's.
+
+    Returns:
+        A sentence naming the feature, the line that brought it and the installed version, or `None`.
+
+    >>> lacks(TRANSFORM_WITH_STATE, "4.0.1") is None
+    True
+    >>> lacks(TRANSFORM_WITH_STATE, "3.5.8")
+    'transformWithStateInPandas needs Spark 4.0 or newer; pyspark 3.5.8 is installed'
+    """
+    text = _installed_text() if version is None else version
+    if installed(text) >= feature.since:
+        return None
+    return f"{feature.name} needs Spark {_text(feature.since)} or newer; pyspark {text} is installed"
+
+
+def require(feature: Feature, what: str, fix: str) -> None:
+    """Refuse what needs `feature` when the installed pyspark lacks it.
+
+    Args:
+        feature: One of `FEATURES`.
+        what: What asked for it, with the step or option (`"step 'inp' reads a TestingSource"`).
+        fix: How to run it on this pyspark, or which pyspark to install.
+
+    Raises:
+        FlowsparkCompileError: `what`, why it cannot run here, and `fix`.
+    """
+    why = lacks(feature)
+    if why is not None:
+        msg = f"{what}: {why}; {fix}"
+        raise FlowsparkCompileError(msg)
