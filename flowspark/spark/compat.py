@@ -103,8 +103,9 @@ def to_arrow(df: Any) -> Any:
     """Collect `df` to the driver as one `pyarrow.Table` (`DataFrame.toArrow`, Spark 4.0+).
 
     Spark 3.5 has no public `toArrow`: its classic DataFrame collects Arrow record batches
-    with the private `_collect_as_arrow` (what its own `toPandas` uses); an empty result
-    gives no batch, so the table takes its schema from `df.schema`.
+    with the private `_collect_as_arrow` (what its own `toPandas` uses; an empty result
+    gives no batch, so the table takes its schema from `df.schema`), its Spark Connect
+    DataFrame asks its client for the plan's table (what its own `collect` does).
 
     Args:
         df: A DataFrame.
@@ -118,6 +119,10 @@ def to_arrow(df: Any) -> Any:
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
+    client = getattr(getattr(df, "_session", None), "client", None)
+    if client is not None and not hasattr(df, "_collect_as_arrow"):  # Spark Connect
+        table, _schema = client.to_table(df._plan.to_proto(client))
+        return table
     batches = df._collect_as_arrow()
     return pa.Table.from_batches(batches, schema=None if batches else to_arrow_schema(df.schema))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import shutil
 import signal
@@ -27,17 +28,20 @@ def start_server(
     worker_python: Optional[str] = None,
     env: Optional[dict[str, str]] = None,
     conf: Optional[dict[str, str]] = None,
+    home: Optional[str] = None,
 ) -> tuple:
     """Start `SparkConnectServer` on a free port with `local[2]`; return `(url, process)`.
 
     Skips the test only when Java is missing. `worker_python` is the server's
-    PYSPARK_PYTHON (default this interpreter); `conf`: more Spark settings.
+    PYSPARK_PYTHON (default this interpreter); `conf`: more Spark settings; `home`: the
+    pyspark installation whose Spark runs the server (default this interpreter's).
     """
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Java is missing: a Spark Connect server needs it")
-    import pyspark  # noqa: TID251
+    if home is None:
+        import pyspark  # noqa: TID251
 
-    home = os.path.dirname(pyspark.__file__)
+        home = os.path.dirname(pyspark.__file__)
     assert glob.glob(os.path.join(home, "jars", "spark-connect_*.jar")), "the pyspark wheel ships no spark-connect jar"
     port = _free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -102,3 +106,26 @@ def stop_server(proc: subprocess.Popen) -> None:
 
 def _tail(path: Path, n: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+
+def client_env() -> dict[str, str]:
+    # No classic-session settings leak in; the client must not inherit a Connect mode either.
+    drop = ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_DRIVER_PYTHON")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def scenario(name: str, url: str, d: Path, timeout: float = 600, quiet: bool = False) -> dict:
+    r = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parent / "connect_driver.py"), name, url, str(d)],
+        capture_output=True,
+        text=True,
+        env=client_env(),
+        timeout=timeout,
+        cwd=d,
+    )
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0, f"{name} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
+    assert lines, f"{name} printed no RESULT line:\n{r.stdout[-3000:]}"
+    if quiet:  # a successful run prints nothing on stderr
+        assert r.stderr.strip() == "", r.stderr[-3000:]
+    return json.loads(lines[-1][len("RESULT ") :])

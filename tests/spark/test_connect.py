@@ -7,7 +7,6 @@ process holds the classic test session.
 
 from __future__ import annotations
 
-import json
 import os
 import site
 import subprocess
@@ -15,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from connect_server import client_env as _env
+from connect_server import scenario as _scenario
 from connect_server import start_server, stop_server
 
 from flowspark.testing import per_key
@@ -25,34 +26,11 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 
 
-def _env() -> dict[str, str]:
-    # No classic-session settings leak in; the client must not inherit a Connect mode either.
-    drop = ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_DRIVER_PYTHON")
-    return {k: v for k, v in os.environ.items() if k not in drop}
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     url, proc = start_server(tmp_path_factory.mktemp("connect-server"))
     yield url
     stop_server(proc)
-
-
-def _scenario(name: str, url: str, d: Path, timeout: float = 600, quiet: bool = False) -> dict:
-    r = subprocess.run(
-        [sys.executable, str(HERE / "connect_driver.py"), name, url, str(d)],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        timeout=timeout,
-        cwd=d,
-    )
-    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert r.returncode == 0, f"{name} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-6000:]}"
-    assert lines, f"{name} printed no RESULT line:\n{r.stdout[-3000:]}"
-    if quiet:  # a successful run prints nothing on stderr
-        assert r.stderr.strip() == "", r.stderr[-3000:]
-    return json.loads(lines[-1][len("RESULT ") :])
 
 
 # Every batch case, and one streaming case for each way an output or an error reaches the caller

@@ -1,0 +1,68 @@
+"""The Spark version matrix: the compatibility suite on each supported pyspark line, each in its own virtualenv.
+
+The full suite (`python -m pytest`, README) runs on the newest line, the one `pip install -e ".[test]"`
+installs. The compatibility suite runs what differs between Spark versions on every other line:
+
+    python -m nox -s compat            # every other line: 3.5, 4.0, 4.1, 4.2
+    python -m nox -s "compat(line='3.5')"   # one line (CI runs the oldest)
+
+Each line pins the pyspark release whose Kafka connector Maven serves (`scripts/fetch_jars.py`).
+Spark 3.5 also needs numpy < 2 (its declared range) and so a pyarrow built for numpy 1.
+The Connect case runs this line's client against a server of the newest line (the pyspark of
+the interpreter running nox), the version pair `docs/` documents.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = True
+
+#: Each supported line but the newest: the pyspark release the matrix installs.
+LINES = {"3.5": "3.5.8", "4.0": "4.0.1", "4.1": "4.1.1", "4.2": "4.2.0"}
+
+#: What a line's pyspark changes, as pytest runs: the conformance suite on batch and streaming (the
+#: default layout, and the bucket layout that applyInPandasWithState runs); the version checks, the
+#: streaming examples, kill -9 and restart, a client of this line against a server of the newest;
+#: and on lines whose wheel ships a Connect server, Spark Connect on the line itself.
+RUNS = [
+    ["tests/conformance", "-k", "not rules-none and not spark-streaming-key"],
+    [
+        "tests/unit/test_versions.py",
+        "tests/spark/test_streaming_examples.py",
+        "tests/spark/test_streaming.py::test_kill_9_then_restart_equals_uninterrupted_run",
+        "tests/spark/test_connect_versions.py",
+    ],
+]
+CONNECT_RUN = ["tests/spark/test_connect.py", "-k", "two_sinks or stream_with_a_sink or user_error_in_a_stream"]
+
+
+def _newest_pyspark_home() -> str:
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or spec.origin is None:
+        return ""
+    return str(Path(spec.origin).parent)
+
+
+@nox.session(python=False)
+@nox.parametrize("line", list(LINES))
+def compat(session: nox.Session, line: str) -> None:
+    """The compatibility suite on pyspark `line` (a virtualenv of its own under .nox/)."""
+    venv = Path(".nox") / f"compat-{line}"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        session.run("python", "-m", "venv", str(venv), external=True)
+    pins = [f"pyspark[connect]=={LINES[line]}"]
+    if line == "3.5":
+        pins += ["numpy<2", "pyarrow>=15,<21"]
+    session.run(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
+    env = {"FLOWSPARK_TEST_SERVER_HOME": os.environ.get("FLOWSPARK_TEST_SERVER_HOME", _newest_pyspark_home())}
+    runs = RUNS if line == "3.5" else [*RUNS, CONNECT_RUN]  # 3.5's wheel ships no Connect server
+    for args in runs:
+        pytest = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, *session.posargs]
+        session.run(*pytest, env=env, external=True)
