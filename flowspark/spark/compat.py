@@ -119,8 +119,8 @@ def to_arrow(df: Any) -> Any:
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    client = getattr(getattr(df, "_session", None), "client", None)
-    if client is not None and not hasattr(df, "_collect_as_arrow"):  # Spark Connect
+    if type(df).__module__.startswith("pyspark.sql.connect"):
+        client = df._session.client
         table, _schema = client.to_table(df._plan.to_proto(client))
         return table
     batches = df._collect_as_arrow()
