@@ -4,7 +4,8 @@ Two sets, each in its own directory under ``$FLOWSPARK_JARS_DIR`` (default
 ``~/.cache/flowspark/jars``):
 
 * ``kafka-<pyspark version>/``: Spark's Kafka connector
-  (``org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version>``) with its runtime
+  (``org.apache.spark:spark-sql-kafka-0-10_<scala>:<pyspark version>``, the Scala version of
+  the installed pyspark's own jars: 2.13 for Spark 4, 2.12 for Spark 3.5) with its runtime
   dependencies. Sessions flowspark creates for a flow that reads or writes Kafka put them
   in ``spark.jars``.
 * ``kafka-broker-<kafka version>/``: an Apache Kafka broker (``org.apache.kafka:kafka_2.13``)
@@ -56,6 +57,16 @@ def pyspark_version() -> str:
     from importlib.metadata import version
 
     return version("pyspark")
+
+
+def scala_version() -> str:
+    """The Scala version the installed pyspark's jars are built for (``spark-core_<scala>-*.jar``)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    jars = Path(spec.origin).parent / "jars" if spec is not None and spec.origin else None
+    found = sorted(jars.glob("spark-core_*.jar")) if jars is not None and jars.is_dir() else []
+    return found[0].name.split("_")[1].split("-")[0] if found else "2.13"
 
 
 def connector_dir() -> Path:
@@ -127,7 +138,7 @@ def main(argv: list[str]) -> int:
             print(f"fetch_jars: the Kafka broker's jars: {e}", file=sys.stderr)
             code = 1
     if "connector" in which:
-        coordinate = f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark_version()}"
+        coordinate = f"org.apache.spark:spark-sql-kafka-0-10_{scala_version()}:{pyspark_version()}"
         try:
             print(fetch(coordinate, connector_dir()))
         except Refused as e:

@@ -19,8 +19,19 @@ from flowspark.spark.io.outputs import SparkSink
 
 __all__ = ["KAFKA_PACKAGE", "KafkaSink", "KafkaSource"]
 
-#: The Maven coordinate of Spark's Kafka connector for pyspark 4.3 (Scala 2.13).
-KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.3.0"
+
+def _kafka_package() -> str:
+    from importlib.metadata import version
+
+    from flowspark.spark.versions import installed
+
+    release = version("pyspark")
+    scala = "2.12" if installed(release) < (4, 0) else "2.13"  # PyPI's pyspark 3.5 is built for Scala 2.12
+    return f"org.apache.spark:spark-sql-kafka-0-10_{scala}:{release}"
+
+
+#: The Maven coordinate of Spark's Kafka connector for the installed pyspark (its version and Scala's).
+KAFKA_PACKAGE = _kafka_package()
 
 
 def _names(what: str, x: Union[str, list[str]]) -> str:
