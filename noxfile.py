@@ -29,7 +29,7 @@ LINES = {"3.5": "3.5.8", "4.0": "4.0.1", "4.1": "4.1.1", "4.2": "4.2.0"}
 #: What a line's pyspark changes, as pytest runs: the conformance suite on batch and streaming (the
 #: default layout, and the bucket layout that applyInPandasWithState runs); the version checks, the
 #: streaming examples, kill -9 and restart, a client of this line against a server of the newest;
-#: and on lines whose wheel ships a Connect server, Spark Connect on the line itself.
+#: and Spark Connect on the line itself (`CONNECT_RUNS`).
 RUNS = [
     ["tests/conformance", "-k", "not rules-none and not spark-streaming-key"],
     [
@@ -39,7 +39,13 @@ RUNS = [
         "tests/spark/test_connect_versions.py",
     ],
 ]
-CONNECT_RUN = ["tests/spark/test_connect.py", "-k", "two_sinks or stream_with_a_sink or user_error_in_a_stream"]
+#: Spark Connect on the line itself, on lines whose wheel ships a Connect server (not 3.5): a batch
+#: job, and on lines that stream Python sources (4.2+) two streams.
+CONNECT_RUNS = {
+    "4.0": ["tests/spark/test_connect.py", "-k", "two_sinks"],
+    "4.1": ["tests/spark/test_connect.py", "-k", "two_sinks"],
+    "4.2": ["tests/spark/test_connect.py", "-k", "two_sinks or stream_with_a_sink or user_error_in_a_stream"],
+}
 
 
 def _newest_pyspark_home() -> str:
@@ -62,7 +68,7 @@ def compat(session: nox.Session, line: str) -> None:
         pins += ["numpy<2", "pyarrow>=15,<21"]
     session.run(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
     env = {"FLOWSPARK_TEST_SERVER_HOME": os.environ.get("FLOWSPARK_TEST_SERVER_HOME", _newest_pyspark_home())}
-    runs = RUNS if line == "3.5" else [*RUNS, CONNECT_RUN]  # 3.5's wheel ships no Connect server
+    runs = [*RUNS, CONNECT_RUNS[line]] if line in CONNECT_RUNS else RUNS
     for args in runs:
         pytest = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, *session.posargs]
         session.run(*pytest, env=env, external=True)

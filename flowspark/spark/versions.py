@@ -1,14 +1,15 @@
 """The pyspark versions flowspark supports, and what each line can run.
 
 flowspark runs on pyspark 3.5 to 4.3 (`OLDEST` to `NEWEST`, the `spark` extra's range).
-Spark 3.5 lacks two APIs a part of flowspark's streaming runtime is built on (`FEATURES`):
+Older lines lack APIs a part of flowspark's streaming runtime is built on (`FEATURES`):
 
 - `transformWithStateInPandas` (Spark 4.0+): the `"chunk"` and `"key"` state layouts and
   a query with several keyed stages. On 3.5 a new checkpoint takes the `"bucket"` layout
   (`applyInPandasWithState`, since 3.4), and `flowspark plan --spark` says why.
-- the Python data source API (`pyspark.sql.datasource`, Spark 4.0+): a stream from a Python
-  source (`TestingSource`, a user-written source). On 3.5 a stream reads a `SparkSource`
-  (files, Kafka, tables).
+- Python streaming data sources with admission control and `Trigger.AvailableNow`
+  (`latestOffset(start, limit)`, `SupportsTriggerAvailableNow`: Spark 4.2+): a stream from a
+  Python source (`TestingSource`, a user-written source), and the ticks that fire timers in a
+  stream. Before 4.2 a stream reads a `SparkSource` (files, Kafka, tables), without timers.
 
 Everything of the batch runtime runs on every supported line. Importing this module
 imports nothing of pyspark.
@@ -25,12 +26,13 @@ __all__ = [
     "FEATURES",
     "NEWEST",
     "OLDEST",
-    "PYTHON_DATA_SOURCE",
+    "PYTHON_STREAM_SOURCE",
     "TRANSFORM_WITH_STATE",
     "Feature",
     "check_supported",
     "installed",
     "lacks",
+    "newer",
     "require",
 ]
 
@@ -53,12 +55,12 @@ TRANSFORM_WITH_STATE = Feature(
     (4, 0),
     "the 'chunk' and 'key' state layouts and streaming queries with several keyed stages",
 )
-PYTHON_DATA_SOURCE = Feature(
-    "the Python data source API (pyspark.sql.datasource)",
-    (4, 0),
+PYTHON_STREAM_SOURCE = Feature(
+    "a Python streaming data source with admission control and Trigger.AvailableNow",
+    (4, 2),
     "streaming queries that read a Python source (TestingSource, a user-written source)",
 )
-FEATURES = (TRANSFORM_WITH_STATE, PYTHON_DATA_SOURCE)
+FEATURES = (TRANSFORM_WITH_STATE, PYTHON_STREAM_SOURCE)
 
 
 def installed(version: Optional[str] = None) -> tuple[int, int]:
@@ -140,6 +142,15 @@ def lacks(feature: Feature, version: Optional[str] = None) -> Optional[str]:
     if installed(text) >= feature.since:
         return None
     return f"{feature.name} needs Spark {_text(feature.since)} or newer; pyspark {text} is installed"
+
+
+def newer(feature: Feature) -> str:
+    """`"pyspark X.Y or newer"`: what to install for `feature`.
+
+    >>> newer(TRANSFORM_WITH_STATE)
+    'pyspark 4.0 or newer'
+    """
+    return f"pyspark {_text(feature.since)} or newer"
 
 
 def require(feature: Feature, what: str, fix: str) -> None:

@@ -129,9 +129,9 @@ def runtime(request, tmp_path):
         from flowspark.spark.streaming import run_streaming
 
         def run_stream(flow, start_time):
-            from flowspark.spark.versions import PYTHON_DATA_SOURCE, lacks
+            from flowspark.spark.versions import PYTHON_STREAM_SOURCE, lacks
 
-            why = lacks(PYTHON_DATA_SOURCE)
+            why = lacks(PYTHON_STREAM_SOURCE)
             if why is not None:  # tests/spark/test_versions.py checks the error such a run gives
                 pytest.skip(f"the cases stream TestingSources: {why}")
             if request.param in _LAYOUT and not _has_keyed_stage(flow):

@@ -53,10 +53,10 @@ def test_a_batch_job_through_a_server_of_another_line(server, tmp_path):
 
 
 def test_a_stream_through_a_server_of_another_line(server, tmp_path):
-    from flowspark.spark.versions import PYTHON_DATA_SOURCE, lacks
+    from flowspark.spark.versions import PYTHON_STREAM_SOURCE, lacks
 
-    if lacks(PYTHON_DATA_SOURCE) is not None:  # the client defines the Python data source
-        pytest.skip(f"the stream reads a Python source: {lacks(PYTHON_DATA_SOURCE)} (tests/unit/test_versions.py)")
+    if lacks(PYTHON_STREAM_SOURCE) is not None:  # the client defines the Python data source
+        pytest.skip(f"the stream reads a Python source: {lacks(PYTHON_STREAM_SOURCE)} (tests/unit/test_versions.py)")
     res = scenario("stream", server, tmp_path)
     expected = [tuple(x) for x in res["expected"]]
     got = [tuple(x) for x in res["first"] + res["second"]]

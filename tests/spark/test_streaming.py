@@ -348,18 +348,19 @@ def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path, layout, m
     """Kill -9 the driver mid-stream, restart from the checkpoint: file-sink output equals an uninterrupted run.
 
     The killed run uses `layout`; the uninterrupted one the default, and the restart (no
-    `state_layout`) the layout its checkpoint recorded. On Spark 3.5 (no Python data source,
-    no transformWithStateInPandas) the flow reads Spark's file stream, in the bucket layout.
+    `state_layout`) the layout its checkpoint recorded. Before Spark 4.2 (no Python streaming
+    source as flowspark needs it) the flow reads Spark's file stream; on 3.5 (no
+    transformWithStateInPandas) in the bucket layout only.
     """
     import os
     import signal
     import subprocess
 
-    from flowspark.spark.versions import PYTHON_DATA_SOURCE, TRANSFORM_WITH_STATE, lacks
+    from flowspark.spark.versions import PYTHON_STREAM_SOURCE, TRANSFORM_WITH_STATE, lacks
 
-    if lacks(PYTHON_DATA_SOURCE) is not None:
-        if layout != "bucket":
-            pytest.skip(str(lacks(TRANSFORM_WITH_STATE)))
+    if layout != "bucket" and lacks(TRANSFORM_WITH_STATE) is not None:
+        pytest.skip(str(lacks(TRANSFORM_WITH_STATE)))
+    if lacks(PYTHON_STREAM_SOURCE) is not None:
         monkeypatch.setenv("FLOWSPARK_TEST_SOURCE", "files")
     root, want = _driver_input(spark, tmp_path, 3, 7)
     # The killed run: a driver process killed with SIGKILL once some micro-batches are committed.

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from flowspark.errors import FlowsparkCompileError
-from flowspark.spark.versions import PYTHON_DATA_SOURCE, lacks
+from flowspark.spark.versions import PYTHON_STREAM_SOURCE, lacks
 from flowspark.testing import TestingSource, per_key, run_main
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -39,15 +39,15 @@ def _load(name: str) -> Any:
 
 
 def _refused_without_ticks(spark: Any, mod: Any, tmp_path: Path) -> bool:
-    """On Spark 3.5, check that a flow with timers is refused before its query starts (True); else False.
+    """Before Spark 4.2, check that a flow with timers is refused before its query starts (True); else False.
 
-    Timers fire on a stream of ticks from a Python data source, an API of Spark 4.0.
+    Timers fire on a stream of ticks from a Python data source, with the API of Spark 4.2.
     """
-    if lacks(PYTHON_DATA_SOURCE) is None:
+    if lacks(PYTHON_STREAM_SOURCE) is None:
         return False
     common = sys.modules["common"]
     common.stage_file(tmp_path / "in", "0001.json", mod.BATCH_1)
-    with pytest.raises(FlowsparkCompileError, match=r"run with timers .* needs Spark 4.0 or newer"):
+    with pytest.raises(FlowsparkCompileError, match=r"run with timers .* needs Spark 4.2 or newer"):
         common.run(mod.streaming(tmp_path / "in", tmp_path / "out"), tmp_path / "chk", spark=spark)
     assert not (tmp_path / "chk").exists()
     return True

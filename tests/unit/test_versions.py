@@ -63,9 +63,11 @@ def test_spark_35_lacks_the_spark_4_features():
     assert versions.lacks(versions.TRANSFORM_WITH_STATE, "3.5.8") == (
         "transformWithStateInPandas needs Spark 4.0 or newer; pyspark 3.5.8 is installed"
     )
-    assert versions.lacks(versions.PYTHON_DATA_SOURCE, "3.5.8") is not None
+    assert versions.lacks(versions.PYTHON_STREAM_SOURCE, "3.5.8") is not None
+    assert versions.lacks(versions.TRANSFORM_WITH_STATE, "4.0.0") is None
+    assert versions.lacks(versions.PYTHON_STREAM_SOURCE, "4.1.1") is not None  # latestOffset() without a limit
     for feature in versions.FEATURES:
-        assert versions.lacks(feature, "4.0.0") is None
+        assert versions.lacks(feature, "4.2.0") is None
 
 
 def test_a_new_checkpoint_takes_the_bucket_layout_on_spark_35(spark35):
@@ -97,7 +99,7 @@ def test_a_python_source_stream_on_spark_35_names_the_step_and_the_fix(spark35, 
         run_streaming(_counting_flow(), checkpoint=str(tmp_path / "chk"), trigger="available_now")
     msg = str(e.value)
     assert msg.startswith("step 'versions_flow.inp' reads a TestingSource in a streaming query: ")
-    assert "the Python data source API (pyspark.sql.datasource) needs Spark 4.0 or newer" in msg
+    assert "a Python streaming data source with admission control and Trigger.AvailableNow needs Spark 4.2" in msg
     assert "read the stream with a SparkSource" in msg
     assert not (tmp_path / "chk").exists()  # refused before anything is written
 

@@ -24,7 +24,7 @@ from flowspark.spark.streaming.keylayout import HOT_PER_BUCKET
 from flowspark.spark.streaming.routing import (
     needs_routing,
 )
-from flowspark.spark.versions import PYTHON_DATA_SOURCE, TRANSFORM_WITH_STATE, lacks, require
+from flowspark.spark.versions import PYTHON_STREAM_SOURCE, TRANSFORM_WITH_STATE, lacks, newer, require
 
 __all__ = [
     "BUCKETS_PER_PARTITION",
@@ -216,29 +216,29 @@ def check_versions(plan: Plan, layout: Optional[str], checkpoint: str) -> None:
     for st in plan.stages:
         if st.kind == "source" and not isinstance(st.source, SparkSource):
             require(
-                PYTHON_DATA_SOURCE,
+                PYTHON_STREAM_SOURCE,
                 f"step {st.spec.source_step!r} reads a {type(st.source).__name__} in a streaming query",
-                "read the stream with a SparkSource (files, Kafka, a table), or install pyspark 4.0 or newer",
+                f"read the stream with a SparkSource (files, Kafka, a table), or install {newer(PYTHON_STREAM_SOURCE)}",
             )
     if needs_timers(plan):
         require(
-            PYTHON_DATA_SOURCE,
+            PYTHON_STREAM_SOURCE,
             f"stateful steps {', '.join(repr(ks.step_id) for ks in plan.keyed_steps())} run with timers "
             "(notify_at, timeouts, windows), which a stream of ticks from a Python data source fires",
-            "install pyspark 4.0 or newer (batch runs such a flow on any supported line)",
+            f"install {newer(PYTHON_STREAM_SOURCE)} (batch runs such a flow on any supported line)",
         )
     if layout not in (None, "bucket"):
         require(
             TRANSFORM_WITH_STATE,
             f"the {layout!r} state layout of checkpoint {checkpoint!r}",
-            "start a new checkpoint with state_layout='bucket', or install pyspark 4.0 or newer",
+            f"start a new checkpoint with state_layout='bucket', or install {newer(TRANSFORM_WITH_STATE)}",
         )
     keyed = [ks.step_id for ks in plan.keyed_steps()]
     if sum(1 for st in plan.stages if st.kind == "keyed") > 1:
         require(
             TRANSFORM_WITH_STATE,
             f"stateful steps {', '.join(map(repr, keyed))} run in one query as several keyed stages",
-            "run them as separate flows, or install pyspark 4.0 or newer",
+            f"run them as separate flows, or install {newer(TRANSFORM_WITH_STATE)}",
         )
 
 
