@@ -44,9 +44,9 @@ RUNS = [
 #: Spark Connect on the line itself, on lines whose wheel ships a Connect server (not 3.5): a batch
 #: job, and on lines that stream Python sources (4.2+) two streams.
 CONNECT_RUNS = {
-    "4.0": ["tests/spark/test_connect.py", "-k", "two_sinks"],
-    "4.1": ["tests/spark/test_connect.py", "-k", "two_sinks"],
-    "4.2": ["tests/spark/test_connect.py", "-k", "two_sinks or stream_with_a_sink or user_error_in_a_stream"],
+    "4.0": ["tests/spark/test_connect.py", "-k", "two_spark_sinks"],
+    "4.1": ["tests/spark/test_connect.py", "-k", "two_spark_sinks"],
+    "4.2": ["tests/spark/test_connect.py", "-k", "two_spark_sinks or stream_with_a_sink or user_error_in_a_stream"],
 }
 
 
