@@ -78,9 +78,7 @@ def installed(version: Optional[str] = None) -> tuple[int, int]:
     (4, 1)
     """
     if version is None:
-        from importlib.metadata import version as dist_version
-
-        version = dist_version("pyspark")
+        version = _installed_text()
     major, minor = version.split(".")[:2]
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
@@ -90,9 +88,14 @@ def _text(line: tuple[int, int]) -> str:
 
 
 def _installed_text() -> str:
-    from importlib.metadata import version as dist_version
+    """The installed pyspark's version, the module's own.
 
-    return dist_version("pyspark")
+    A Connect-only client (`pyspark-client`, Databricks Connect) installs the module under
+    another distribution name.
+    """
+    import pyspark
+
+    return str(pyspark.__version__)
 
 
 def check_supported(caller: str, version: Optional[str] = None) -> None:

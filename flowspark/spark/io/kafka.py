@@ -21,11 +21,11 @@ __all__ = ["KAFKA_PACKAGE", "KafkaSink", "KafkaSource"]
 
 
 def _kafka_package() -> str:
-    from importlib.metadata import version
+    import pyspark
 
     from flowspark.spark.versions import installed
 
-    release = version("pyspark")
+    release = str(pyspark.__version__)
     scala = "2.12" if installed(release) < (4, 0) else "2.13"  # PyPI's pyspark 3.5 is built for Scala 2.12
     return f"org.apache.spark:spark-sql-kafka-0-10_{scala}:{release}"
 
