@@ -37,6 +37,8 @@ import time
 from collections import Counter
 from typing import Any
 
+import chart  # benchmarks/chart.py: --chart PNG, --record FILE
+
 TARGET_RATIO = 3.0
 TARGET_B_EPS = 500_000
 
@@ -137,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keys", type=int, default=10_000, help="distinct keys (default 10000)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per flow and runner; medians are reported (default 3)")
     ap.add_argument("--flows", default="abc", help="which flows to run, e.g. 'b' (default abc)")
+    chart.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.events < 1 or args.keys < 1 or args.repeat < 1:
         ap.error("--events, --keys and --repeat must be >= 1")
@@ -217,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  target flowspark >= {TARGET_B_EPS:,} events/s, best wall: {eps:,.0f} {verdict}")
     print()
     print("all targets met" if ok else "some targets missed (see above)")
+    figures = {f"{which} {name}": n / min(walls[(which, name)]) for which in flows for name, _lib, _bs in runners}
+    chart.write(args, f"in-memory executor vs bytewax, {n:,} events, {args.keys:,} keys (best wall)", figures)
     return 0
 
 

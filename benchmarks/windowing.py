@@ -28,6 +28,8 @@ from collections import Counter
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import chart  # benchmarks/chart.py: --chart PNG, --record FILE
+
 WAIT = timedelta(seconds=10)
 
 
@@ -112,6 +114,7 @@ def main() -> None:
     ap.add_argument("--window-minutes", type=float, default=5.0)
     ap.add_argument("--skip-bytewax", action="store_true")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each library; the best time of each is kept")
+    chart.add_arguments(ap)
     args = ap.parse_args()
     length = timedelta(minutes=args.window_minutes)
     start, events = make_events(args.events, args.keys)
@@ -127,6 +130,8 @@ def main() -> None:
         (wall, cpu), bw_down, bw_late = run_bytewax(events, start, length)
         bw_wall, bw_cpu = min(bw_wall, wall), min(bw_cpu, cpu)
     report("flowspark", n, fs_wall, fs_cpu, len(fs_down), fs_late)
+    figures = {"flowspark": n / fs_wall} if args.skip_bytewax else {"flowspark": n / fs_wall, "bytewax": n / bw_wall}
+    chart.write(args, f"tumbling windows in memory, {n:,} events, {args.keys:,} keys (best wall)", figures)
     if args.skip_bytewax:
         return
     report("bytewax", n, bw_wall, bw_cpu, len(bw_down), bw_late)
