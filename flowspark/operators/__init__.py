@@ -1462,7 +1462,10 @@ def min_final(step_id: str, up: KeyedStream[V], by: Callable[[V], Any] = _identi
 # ---------------------------------------------------------------------------
 
 JoinInsertMode: TypeAlias = Literal["first", "last", "product"]
+"""Which values `join` keeps per side: the `"first"`, the `"last"`, or all of them (`"product"`)."""
 JoinEmitMode: TypeAlias = Literal["complete", "final", "running"]
+"""When `join` emits: when every side has a value, then clears (`"complete"`), at end of input, missing sides
+`None` (`"final"`), or on every value (`"running"`)."""
 _INSERT_MODES = ("first", "last", "product")
 _EMIT_MODES = ("complete", "final", "running")
 _LONE_NONE = [None]
