@@ -210,7 +210,7 @@ def test_plan_excerpt_matches_the_command(capsys, monkeypatch):
 #: is docs/streaming.md's first block (tests/spark/quiet_driver.py runs it on Spark), and "fragment" is a piece
 #: of a larger program (a session, a broker or a `flow` defined elsewhere): it is compiled, not run.
 EXAMPLES = {
-    "concepts.md": ["run", "run", "run"],
+    "concepts.md": ["run", "run", "run", "run"],
     "getting-started.md": ["run", "spark", "streaming-quick-start"],
     "howto/dead-letters.md": ["run"],
     "howto/kafka.md": ["run-pyspark"],
