@@ -37,6 +37,8 @@ import tempfile
 import time
 from typing import Any, Optional
 
+import chart  # benchmarks/chart.py: --chart PNG, --record FILE
+
 
 def count_mapper(state, amount):
     """Running count per key; emits (count so far, amount)."""
@@ -307,6 +309,7 @@ def main() -> None:
     ap.add_argument("--skip-bytewax", action="store_true")
     ap.add_argument("--repeat", type=int, default=1, help="runs of each job; the best time is reported")
     ap.add_argument("--only", choices=["count_sum", "whole", "testing"], help="run that section alone")
+    chart.add_arguments(ap)
     args = ap.parse_args()
     n, nkeys = args.events, args.keys
     global REPEAT
@@ -522,6 +525,7 @@ def main() -> None:
     if args.only in (None, "testing"):
         testing_section()
     spark.stop()
+    chart.write(args, f"Spark bounded, {n:,} events, {nkeys:,} keys, {args.master} (best wall)", results)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ import tempfile
 import time
 from typing import Any, Optional
 
+import chart  # benchmarks/chart.py: --chart PNG, --record FILE
+
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
 from flowspark.inputs import FixedPartitionedSource, StatefulSourcePartition
@@ -253,6 +255,7 @@ def main() -> None:
         default="default",
         help="flowspark's state layouts to run, comma-separated (default: the default layout of a new checkpoint)",
     )
+    chart.add_arguments(ap)
     args = ap.parse_args()
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     os.environ["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.abspath(__file__)), *sys.path])
@@ -265,6 +268,7 @@ def main() -> None:
     from flowspark.spark.streaming.state import LAYOUTS
 
     layouts = [LAYOUTS[0] if x == "default" else x for x in args.layouts.split(",")]
+    figures: dict[str, float] = {}
     try:
         print(f"{n:,} events, {k:,} keys, {b} micro-batches, local[2]")
         for source in sources:
@@ -304,7 +308,9 @@ def main() -> None:
             best = f"(best of {args.repeat})"
             for layout in layouts:
                 fs = min(runs[layout])
+                figures[f"{source}: flowspark layout {layout}"] = n / fs
                 print(f"flowspark layout {layout:6s}:                 {fs:6.1f} s  {n / fs:>10,.0f} events/s  {best}")
+            figures[f"{source}: hand-written bucketed"] = n / bk
             print(f"hand-written bucketed applyInPandasWithState: {bk:6.1f} s  {n / bk:>10,.0f} events/s  {best}")
             for layout in layouts:
                 print(f"flowspark {layout} / hand-written bucketed: {bk / min(runs[layout]):.2f}x  (target >= 0.8x)")
@@ -315,6 +321,7 @@ def main() -> None:
                 print(f"flowspark / hand-written per-key: {pk / fs:.2f}x")
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    chart.write(args, f"Spark streaming running count, {n:,} events, {k:,} keys, {b} micro-batches (best)", figures)
 
 
 if __name__ == "__main__":
