@@ -223,6 +223,10 @@ EXAMPLES = {
 }
 
 
+def _readme_blocks():
+    return re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), flags=re.M | re.S)
+
+
 def _blocks(page):
     return re.findall(r"^```python\n(.*?)^```", (DOCS / page).read_text(), flags=re.M | re.S)
 
@@ -245,6 +249,13 @@ def test_python_examples_run(page):
             exec(compiled, namespace)
 
 
+def test_the_readme_example_runs():
+    """README.md's short example runs in memory (its Spark block: test_spark_examples_run)."""
+    blocks = _readme_blocks()
+    assert len(blocks) == 2
+    exec(compile(blocks[0], "README.md python block 1", "exec"), {"__name__": "docs_readme"})
+
+
 def test_the_streaming_quick_start_is_the_one_the_spark_tests_run():
     first = _blocks("streaming.md")[0]
     assert _blocks("getting-started.md")[EXAMPLES["getting-started.md"].index("streaming-quick-start")] == first
@@ -262,8 +273,12 @@ def test_the_flow_graph_shown_is_what_visualize_draws():
 
 @pytest.mark.slow
 def test_spark_examples_run(spark):
-    """getting-started's "The same flow on Spark": the first block's flow, run on Spark by the second block."""
+    """getting-started's "The same flow on Spark" and README's: the first block's flow, run on Spark by the second."""
     namespace = {"__name__": "docs_getting_started"}
     for code, kind in zip(_blocks("getting-started.md"), EXAMPLES["getting-started.md"], strict=True):
         if kind in ("run", "spark"):
             exec(compile(code, "getting-started.md", "exec"), namespace)
+    namespace = {"__name__": "docs_readme"}
+    for i, code in enumerate(_readme_blocks()):
+        exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)
+    assert sorted(namespace["out"]) == [("ann", 5), ("ann", 12), ("bob", 3)]
