@@ -30,6 +30,9 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 pyspark = pytest.importorskip("pyspark")
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
+# The cluster's JVMs and the drivers' run small jobs on a shared 2-core machine: the client compiler
+# only (no C2 compiler threads competing for the cores) and the serial collector.
+JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 START_TIMEOUT = 180  # seconds; the machine is shared, a JVM may take a while
 SUBMIT_TIMEOUT = 600
 
@@ -125,7 +128,7 @@ def _start(cmd: list[str], log: Path, env: dict, started: list, files: list) -> 
 def cluster(tmp_path_factory):
     """Start a standalone master and two workers (1 core, 1 GB each); yield a `Cluster`; stop them by pid."""
     base = tmp_path_factory.mktemp("cluster")
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_JAVA_OPTS": JVM_OPTS}
     env.pop("SPARK_CONF_DIR", None)
     mport, mweb = _free_port(), _free_port()
     started: list[tuple[subprocess.Popen, Path]] = []
@@ -210,7 +213,8 @@ def _submit(cluster: Cluster, cwd: Path, import_str: str, *extra: str, log: Opti
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "flowspark", "submit", import_str, "--master", cluster.url]
-            + ["--conf", "spark.executor.memory=512m", *extra],
+            + ["--conf", "spark.executor.memory=512m", "--conf", f"spark.executor.extraJavaOptions={JVM_OPTS}"]
+            + ["--conf", f"spark.driver.extraJavaOptions={JVM_OPTS}", *extra],
             cwd=cwd,
             env=env,
             stdout=out,
@@ -535,6 +539,9 @@ def test_streaming_on_two_executors_survives_executor_and_driver_loss(cluster, p
         print(f"the killed attempt: {killed['status']} {killed.get('errorMessage', '')[:200]!r}")
         assert killed["status"] == "FAILED", killed
         assert any(t["status"] == "SUCCESS" and t["executorId"] != dead for t in tries), tries
+        # the master started a new executor for the application on the worker that lost one
+        home = next(work / app for _proc, work in cluster.workers if (work / app / dead).is_dir())
+        _wait_for(lambda: len(list(home.iterdir())) >= 2, 60, "a new executor on the worker", [])
         # kill -9 of the driver once the third file is committed, its long timeouts pending
         staged = _stage(in_dir, 3)
         rows = _wait_rows(out, ROWS_AFTER[2], run_a, log_a)
