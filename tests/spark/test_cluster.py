@@ -1,7 +1,10 @@
-"""`flowspark submit` against a real Spark standalone cluster (one master, one worker, on 127.0.0.1).
+"""`flowspark submit` against a real Spark standalone cluster (one master, two workers, on 127.0.0.1).
 
-The master and the worker are started with pyspark's own `bin/spark-class`, on free
-ports chosen at run time, and stopped by pid when the module's tests are done.
+The master and the workers (one core each, so each application gets one executor JVM per
+worker) are started once per module with pyspark's own `bin/spark-class`, on free ports
+chosen at run time, and stopped by pid when the module's tests are done. A batch flow, a
+user error, and a streaming flow with keyed state and timers that loses an executor and
+then its driver run on it.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 pyspark = pytest.importorskip("pyspark")
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
-# The cluster's JVMs and the drivers' run small jobs on a shared 2-core machine: the client compiler
+# The cluster's JVMs and the drivers run small jobs on a shared 2-core machine: the client compiler
 # only (no C2 compiler threads competing for the cores) and the serial collector.
 JVM_OPTS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 START_TIMEOUT = 180  # seconds; the machine is shared, a JVM may take a while
