@@ -109,6 +109,8 @@ class _Executor:
         self.pending: dict[str, list[Any]] = {}
         self.polled = 0
         self.epoch = 1
+        #: Whether the epoch closes after the current pass (`run`).
+        self.closing = False
         # Where streams meet again (merge, hence join), the interleaving of their items
         # depends on how much input one pass carries. Bytewax moves one source batch at a
         # time through the graph, so `join` of two `TestingSource`s pairs a0/b0, a1/b1...
@@ -246,6 +248,9 @@ class _Executor:
         try:
             while True:
                 self.polled = 0
+                # Whether the epoch closes after this pass (decided before it: a stateful step
+                # fires what is due when its epoch closes, as Bytewax does).
+                self.closing = time.monotonic() - epoch_started >= interval
                 try:
                     self.run_pass()
                 except Abort:
@@ -253,7 +258,7 @@ class _Executor:
                 if self.all_eof():
                     self.snapshot(final=True)
                     return
-                if time.monotonic() - epoch_started >= interval:
+                if self.closing:
                     self.snapshot(final=False)
                     self.epoch += 1
                     epoch_started = time.monotonic()

@@ -144,13 +144,21 @@ class StatefulRuntime(StepRuntime):
                 for key in expired:
                     touched[key] = None
             if self.notifies and not self.eof_done:
-                # After an activation's items, the notifications due by now fire (those its
-                # items made due included), before the next activation: as in Bytewax.
+                # After an activation's items, the notifications due by the schedule read at the
+                # end of the earlier activations fire; each key awoken here (items, notification)
+                # has its `notify_at` read after that, so a time its items make due fires in the
+                # next activation: as in Bytewax.
+                if self.heap:
+                    self._on_notify(ex.now(), out, touched)
                 for key in touched:
                     self._schedule(key)
-                if self.heap:
-                    for key in self._on_notify(ex.now(), out, touched):
-                        self._schedule(key)
+                if ex.closing and self.heap:
+                    # The epoch closes after this pass: Bytewax processes the closed epoch before
+                    # the next activation's items, so what is due by then fires now (epoch_interval=0:
+                    # every activation's notifications before the next one's items).
+                    if out_ends is not None and len(out) != (out_ends[-1] if out_ends else 0):
+                        out_ends.append(len(out))
+                    self._notify_due(ex, out, touched)
             if self._eof_now(ex, items):
                 self.eof_done = True
                 for key in sorted(self.logics):
@@ -222,6 +230,14 @@ class StatefulRuntime(StepRuntime):
             if logic is not None:
                 state = pickle.loads(pickle.dumps(driver.snapshot(key, logic)))  # noqa: S301
                 self.logics[key] = driver.build(key, state)
+
+    def _notify_due(self, ex: Any, out: list[Any], touched: dict[str, None]) -> None:
+        """Fire the notifications due now (in sorted key order), then read the notified keys' `notify_at`."""
+        if not self.heap:
+            return
+        fired = self._on_notify(ex.now(), out, touched)
+        for key in fired:
+            self._schedule(key)
 
     def _on_notify(self, now: datetime, out: list[Any], touched: dict[str, None]) -> list[str]:
         """Fire the notifications due at `now` in sorted key order; return the keys notified."""

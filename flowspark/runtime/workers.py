@@ -102,6 +102,7 @@ class _Workers(Executor):
         self.fixed_time = fixed_time
         self.dead_letter = dead_letter
         self.polled = 0
+        self.closing = False
         loaded = None if store is None else cast(RecoveryStore, _Loaded(store))
         self.epoch = 1 if loaded is None else loaded.resume_epoch() + 1
         self.workers: list[_Worker] = []
@@ -139,6 +140,7 @@ class _Workers(Executor):
         workers = self.workers
         for w in workers:
             w.epoch = self.epoch
+            w.closing = self.closing
             w.polled = 0
             w.vals = {}
         for i, node in enumerate(self.nodes):

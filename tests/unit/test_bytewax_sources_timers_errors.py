@@ -476,3 +476,59 @@ def test_testing_module_refuses_a_cluster_of_processes_on_one_line(
     (line,) = fs.stderr.strip().splitlines()
     assert line.startswith("python -m flowspark.testing: error: ")
     assert needle in line
+
+
+def _past_notify_logic(lib: Lib, log: list[Any]) -> Any:
+    """Each item asks for a notification at a time already past; `on_notify` clears it."""
+    past = datetime(2000, 1, 1, tzinfo=timezone.utc)
+
+    class Logic(lib.op.StatefulLogic):  # type: ignore[name-defined,misc]
+        def __init__(self, _state: Any) -> None:
+            self.pending = False
+
+        def on_item(self, value: Any) -> Any:
+            log.append(value)
+            self.pending = True
+            return [value], False
+
+        def on_notify(self) -> Any:
+            log.append("notify")
+            self.pending = False
+            return [], False
+
+        def on_eof(self) -> Any:
+            log.append("eof")
+            return [], False
+
+        def notify_at(self) -> Any:
+            return past if self.pending else None
+
+        def snapshot(self) -> Any:
+            return None
+
+    return Logic
+
+
+@pytest.mark.parametrize(
+    ("epoch_interval", "batch_size", "want"),
+    [
+        # Bytewax reads `notify_at` after an activation and fires what is due after the next
+        # activation's items; an epoch that closes in between (epoch_interval=0: after every
+        # activation) fires it before them.
+        (None, 1, [1, 2, "notify", 3, 4, "notify", "notify", "eof", "eof"]),
+        (timedelta(seconds=30), 2, [1, 2, 3, 4, "notify", "notify", "eof", "eof"]),
+        (ZERO, 1, [1, "notify", 2, "notify", 3, "notify", 4, "notify", "eof", "eof"]),
+        (ZERO, 2, [1, 2, "notify", 3, 4, "notify", "notify", "eof", "eof"]),
+    ],
+)
+def test_epoch_interval_orders_due_notifications_as_in_bytewax(
+    lib: Lib, epoch_interval: Any, batch_size: int, want: list[Any]
+) -> None:
+    log: list[Any] = []
+    flow = lib.flow()
+    src = lib.testing.TestingSource([("a", 1), ("a", 2), ("a", 3), ("b", 4)], batch_size=batch_size)
+    up = lib.op.input("inp", flow, src)
+    lib.op.output("out", lib.op.stateful("st", up, _past_notify_logic(lib, log)), lib.testing.TestingSink([]))
+    kw = {} if epoch_interval is None else {"epoch_interval": epoch_interval}
+    lib.testing.run_main(flow, **kw)
+    assert log == want
