@@ -38,7 +38,7 @@ import json
 import sys
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from flowspark._args import conf_pair, parse_trigger, positive_int, trigger_arg, ttl_seconds
 
@@ -330,6 +330,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     _need_pyspark("plan --spark")
     from flowspark.spark.batch.describe import describe_stage
     from flowspark.spark.plan.compiler import compile_flow
+    from flowspark.spark.rules.lowerings import runs_as_batch
     from flowspark.spark.rules.optimizer import Env, optimize
     from flowspark.spark.rules.switches import rules_arg
     from flowspark.spark.streaming import Lowering, compile_streaming, needs_timers
@@ -337,9 +338,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     plan = compile_flow(flow.validate())
     chosen = rules_arg(args.rules, "--rules")
+    # As `flowspark run --runtime spark` runs it: --buckets / --state-layout ask for the streaming query.
+    batch = runs_as_batch(plan, _asks_stream(args), chosen[0])
     streaming = None
     layout_name, layout_why = _plan_layout(args.state_layout)
-    if not plan.bounded:
+    if not batch:
         compile_streaming(plan)  # the checks of the streaming lowering
     physical: list[tuple[int, str]] = []
     partitions: Optional[int] = None
@@ -352,7 +355,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.no_physical:
         from flowspark.spark.streaming.lowering import offline_env
 
-        env = Env("batch", chosen[0], chosen[1], session=False) if plan.bounded else offline_env(plan, chosen)
+        env = Env("batch", chosen[0], chosen[1], session=False) if batch else offline_env(plan, chosen)
         plan = optimize(plan, env)
     else:
         from flowspark.spark.session import open_session
@@ -360,11 +363,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
         spark = open_session(args.master, {"spark.sql.shuffle.partitions": "2"}, app_name="flowspark plan")
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
-        if plan.bounded:
+        if batch:
             plan, physical = physical_plans(plan, spark, rules=args.rules)
         else:
             plan, physical = streaming_physical_plans(flow, spark, buckets, rules=args.rules, layout=layout_name)
-    if not plan.bounded:
+    if not batch:
         timers = needs_timers(plan)
         # a new checkpoint's choice without state_ttl; the text says what a state_ttl changes
         untimed = untimed_choice(layout_name, timers, ttl=False)
@@ -385,7 +388,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     print()
     print(plan.render(describe))
     print()
-    mode = "a Structured Streaming query (an unbounded source)" if streaming else "Spark batch jobs (bounded input)"
+    if streaming is not None:
+        mode = "a Structured Streaming query (an unbounded source)"
+    elif plan.bounded:
+        mode = "Spark batch jobs (bounded input)"
+    else:
+        mode = "Spark batch jobs reading each partition to its end (rule drain_sources; with --checkpoint: a stream)"
     print(f"runs as {mode}")
     if streaming is not None and layout_why is not None:
         print(layout_why)
@@ -434,6 +442,27 @@ def _unbounded_inputs(flow: Any) -> list[str]:
     return out
 
 
+def _asks_stream(args: argparse.Namespace) -> Optional[str]:
+    """`plan --spark`: a flag of streaming queries only (a stand-in for a checkpoint), or `None`."""
+    return "--buckets/--state-layout" if args.buckets is not None or args.state_layout is not None else None
+
+
+def _streams(flow: Any, args: argparse.Namespace, unbounded: list[str]) -> bool:
+    """Whether `flowspark run --runtime spark` runs a streaming query.
+
+    It does with a streaming flag, or a source a batch job cannot read to its end (without
+    --checkpoint the rule `drain_sources` decides).
+    """
+    from flowspark.spark.plan.compiler import compile_flow
+    from flowspark.spark.rules.lowerings import runs_as_batch
+    from flowspark.spark.rules.switches import rules_arg
+
+    flags: tuple[Any, ...] = (args.checkpoint, args.trigger, args.timeout, args.buckets, args.state_layout)
+    if any(f is not None for f in flags) or args.clear_outputs:
+        return True
+    return bool(unbounded) and not runs_as_batch(compile_flow(flow), None, rules_arg(args.rules, "--rules")[0])
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     spark_only = [
         f"--{name.replace('_', '-')}"
@@ -466,9 +495,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     rules_arg(args.rules, "--rules")  # a bad value before a session starts
     conf = dict(args.conf)
     unbounded = _unbounded_inputs(flow)
-    streaming_flags: tuple[Any, ...] = (args.checkpoint, args.trigger, args.timeout, args.buckets, args.state_layout)
-    streaming_flags += (args.clear_outputs or None,)
-    if any(f is not None for f in streaming_flags) or unbounded:
+    if _streams(flow, args, unbounded):
         if args.float_reductions:
             msg = (
                 "--float-reductions applies to batch runs (every source bounded); this run is a streaming "
@@ -481,7 +508,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from flowspark.spark.tools import Progress
 
     compile_flow(flow)  # compile errors before starting a session
-    spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}", remote=args.remote)
+    spark = open_session(
+        args.master or "local[*]",
+        conf,
+        app_name=f"flowspark {flow.flow_id}",
+        remote=args.remote,
+        new_conf=_kafka_conf(flow),
+    )
     options = {
         "state_ttl": args.state_ttl,
         "dead_letter": _dead_letter(args),
@@ -495,6 +528,18 @@ def _cmd_run(args: argparse.Namespace) -> int:
         with Progress(spark):
             run(flow, spark=spark, **options)
     return 0
+
+
+def _kafka_conf(flow: Any) -> Callable[[], dict[str, str]]:
+    """What a session `flowspark run` creates for `flow` needs before it starts (a Kafka flow's connector jars)."""
+
+    def new_conf() -> dict[str, str]:
+        from flowspark.spark import compile_flow
+        from flowspark.spark.io.kafka import session_conf
+
+        return session_conf(compile_flow(flow))
+
+    return new_conf
 
 
 def _dead_letter(args: argparse.Namespace) -> Any:
@@ -554,7 +599,13 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
     check_streaming(
         flow, checkpoint, args.buckets, args.state_layout, args.state_ttl is not None
     )  # before a session starts
-    spark = open_session(args.master or "local[*]", conf, app_name=f"flowspark {flow.flow_id}", remote=args.remote)
+    spark = open_session(
+        args.master or "local[*]",
+        conf,
+        app_name=f"flowspark {flow.flow_id}",
+        remote=args.remote,
+        new_conf=_kafka_conf(flow),
+    )
     progress: Any = False if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
     _run(
         flow,

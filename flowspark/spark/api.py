@@ -8,6 +8,8 @@ from flowspark.errors import FlowsparkTypeError
 from flowspark.spark.batch.job import run_plan
 from flowspark.spark.plan.compiler import as_graph, compile_flow
 from flowspark.spark.plan.types import Plan
+from flowspark.spark.rules.lowerings import runs_as_batch
+from flowspark.spark.rules.switches import rules_arg
 from flowspark.spark.streaming.checkpoint import check_recorded
 from flowspark.spark.streaming.ckfs import is_local
 from flowspark.spark.streaming.lowering import check_versions, compile_streaming, layouts_here, needs_timers
@@ -27,13 +29,20 @@ def run(
     trigger: Optional[str] = None,
     **options: Any,
 ) -> Optional[StreamingRun]:
-    """Run a dataflow on Spark: a batch job when every source is bounded, else a streaming query.
+    """Run a dataflow on Spark: a batch job when every source ends, else a streaming query.
+
+    A flow whose flowspark sources do not say they end (a user-written
+    `FixedPartitionedSource`, `DynamicSource` or `SimplePollingSource` without
+    `is_bounded()`) runs without a checkpoint as a batch job that reads every partition
+    until it ends, as Bytewax runs it (the rule `drain_sources`); with a checkpoint it runs
+    as a streaming query that resumes from the partitions' snapshots.
 
     Args:
         flow: The `Dataflow`.
         spark: The SparkSession; default the active one or a new local one.
         checkpoint: For unbounded flows: directory of the query's offsets and state
-            (required); ignored by batch runs.
+            (required for a Spark stream; with flowspark sources it makes the run a
+            streaming query); ignored when every source ends.
         trigger: For unbounded flows: `None` (run until stopped), `"available_now"`
             or an interval like `"5 seconds"` (see `run_streaming`).
         **options: Options of `flowspark.spark.batch.job.run_plan` (bounded flows) or
@@ -48,13 +57,15 @@ def run(
     """
     check_supported("flowspark.spark.run")
     plan = compile_flow(as_graph(flow))
-    _check_options(plan.bounded, options)
-    if not plan.bounded:
+    batch = runs_as_batch(plan, checkpoint, rules_arg(options.get("rules"))[0])
+    _check_options(batch, options)
+    if not batch:
         return run_streaming(plan, spark=spark, checkpoint=checkpoint, trigger=trigger, **options)
     if trigger is not None:
         msg = (
-            f"flowspark.spark.run: trigger={trigger!r} applies to flows with an unbounded source; every "
-            "source of this flow is bounded, so it runs as a batch job (drop `trigger`)"
+            f"flowspark.spark.run: trigger={trigger!r} applies to streaming queries; this flow runs as a batch "
+            "job (every source ends, or none is a Spark stream and no checkpoint was given): drop `trigger`, or "
+            "give a checkpoint to run it as a streaming query"
         )
         raise FlowsparkTypeError(msg)
     run_plan(plan, spark=spark, **options)
@@ -99,23 +110,23 @@ def check_streaming(
     return plan
 
 
-def _check_options(bounded: bool, options: dict[str, Any]) -> None:
+def _check_options(batch: bool, options: dict[str, Any]) -> None:
     """Refuse an option the chosen runtime does not take, naming the option and the runtime."""
     import inspect
 
-    fn = run_plan if bounded else run_streaming
+    fn = run_plan if batch else run_streaming
     known = set(inspect.signature(fn).parameters) - {"plan", "flow", "spark"}
-    other = run_streaming if bounded else run_plan
+    other = run_streaming if batch else run_plan
     for name in options:
         if name in known:
             continue
-        kind, runs = ("bounded", "a batch job") if bounded else ("unbounded", "a streaming query")
+        runs = "a batch job" if batch else "a streaming query"
         if name in inspect.signature(other).parameters:
-            why = f"it applies only to {'streaming queries' if bounded else 'batch jobs'}"
+            why = f"it applies only to {'streaming queries' if batch else 'batch jobs'}"
         else:
             why = "flowspark.spark.run has no such option"
         msg = (
-            f"flowspark.spark.run: option {name}={options[name]!r} does not apply here: this flow's sources "
-            f"are {kind}, so it runs as {runs}, and {why}; the options it takes: {', '.join(sorted(known))}"
+            f"flowspark.spark.run: option {name}={options[name]!r} does not apply here: this flow runs as "
+            f"{runs}, and {why}; the options it takes: {', '.join(sorted(known))}"
         )
         raise FlowsparkTypeError(msg)

@@ -298,11 +298,16 @@ def test_plan_spark_streaming_shows_buckets_and_state_layout(tmp_path):
     assert "transformWithStateInPandas(timeMode=None (ProcessingTime with a state_ttl); " in res.stdout
     assert "providerClass to RocksDBStateStoreProvider" in res.stdout  # the run changes the session: said
     assert "a MapState row per other key is read only when the key is touched" in res.stdout
-    res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical")  # a new checkpoint's default
+    # a new checkpoint's default (without drain_sources: as with --checkpoint)
+    res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--rules=-drain_sources")
     assert res.returncode == 0, res.stderr
     assert "transformWithStateInPandas(timeMode=None (ProcessingTime with a state_ttl); " in res.stdout
     assert "the other keys sit in MapState chunks (crc32(key) % chunks, the count doubling past 512" in res.stdout
     res = _cli(tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--format", "json")
+    assert json.loads(res.stdout)["spark"]["mode"] == "batch"  # drain_sources: as run without --checkpoint
+    res = _cli(
+        tmp_path, "plan", "tickflow.py:keyed", "--spark", "--no-physical", "--format", "json", "--rules=-drain_sources"
+    )
     doc = json.loads(res.stdout)["spark"]
     assert doc["mode"] == "streaming"
     # a new chunk-layout checkpoint: 8 buckets per shuffle partition of the session `flowspark run` opens, >= 16
@@ -564,7 +569,8 @@ def test_streaming_flags_checked_before_spark_starts(project, tmp_path):
     line = _one_error_line(_cli(cwd, "run", "--trigger", "available_now", f"{pkg}/flows.py"))
     assert "drop them" in line
     (tmp_path / "tickflow.py").write_text(UNBOUNDED)
-    line = _one_error_line(_cli(tmp_path, "run", "--runtime", "spark", "tickflow.py"))
+    # Without the rule drain_sources a source that does not say it ends makes the run a stream.
+    line = _one_error_line(_cli(tmp_path, "run", "--runtime", "spark", "--rules=-drain_sources", "tickflow.py"))
     assert "'tick.inp'" in line
     assert "needs --checkpoint DIR" in line
 

@@ -101,8 +101,9 @@ def test_unbounded_source_is_refused():
     op.output("out", op.input("inp", flow, Ticks(timedelta(seconds=1))), TestingSink([]))
     plan = compile_flow(flow)  # one plan for both lowerings; the batch lowering refuses it
     assert not plan.bounded
-    with pytest.raises(FlowsparkCompileError, match="step 'f.inp': source Ticks is not bounded"):
+    with pytest.raises(FlowsparkCompileError, match="step 'f.inp': source Ticks does not say it ends") as info:
         check_bounded(plan)
+    assert "run the flow with a checkpoint" in str(info.value)
 
 
 def test_not_a_dataflow():

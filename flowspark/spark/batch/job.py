@@ -45,6 +45,7 @@ from flowspark.spark.io.inputs import load_rows
 from flowspark.spark.io.outputs import infer_schema, write_rows
 from flowspark.spark.plan.types import Plan, SinkPlan, StagePlan
 from flowspark.spark.rules.concurrent import stage_reads
+from flowspark.spark.rules.lowerings import check_bounded
 from flowspark.spark.rules.optimizer import Env, optimize
 from flowspark.spark.rules.switches import rules_arg
 from flowspark.spark.session import default_parallelism, is_connect, quiet_query_context
@@ -69,25 +70,6 @@ _IN_SCHEMA = "k string, seq binary, v binary"
 
 def _fail(step_id: str, ex: BaseException) -> FlowsparkRuntimeError:
     return step_error(step_id, ex)
-
-
-def check_bounded(plan: Plan) -> None:
-    """Refuse a plan with an unbounded source (a batch job must end).
-
-    Args:
-        plan: The plan.
-
-    Raises:
-        FlowsparkCompileError: Naming the first unbounded source's step.
-    """
-    for st in plan.stages:
-        if st.kind == "source" and not st.bounded:
-            msg = (
-                f"step {st.spec.source_step!r}: source {type(st.source).__name__} is not bounded; the Spark batch "
-                "runtime needs every source to end (is_bounded() -> True); run the flow with a checkpoint to "
-                "run it as a streaming query"
-            )
-            raise FlowsparkCompileError(msg)
 
 
 def _action(fn: Callable[[], Any]) -> Any:
@@ -140,7 +122,9 @@ class _Job:
             The physical plan.
         """
         columns = {
-            st.spec.stage_id: column_kinds(self.source_df(st)) for st in self.plan.stages if st.spec.source == "native"
+            st.spec.stage_id: column_kinds(self.source_df(st))
+            for st in self.plan.stages
+            if st.spec.source == "native" and st.bounded
         }
         env = Env(
             "batch",
@@ -767,16 +751,16 @@ def run_plan(
     chosen = rules_arg(rules)
     plan = plan.with_dead_letter(dead_letter_arg("flowspark.spark.run", dead_letter))
     ship_user_modules()
-    check_bounded(plan)
     if start_time is None:
         start_time = datetime.now(timezone.utc)
     if not isinstance(start_time, datetime) or start_time.tzinfo is None:
         msg = f"flowspark.spark.run: start_time must be an aware datetime; received {start_time!r}"
         raise FlowsparkTypeError(msg)
     if spark is None:
+        from flowspark.spark.io.kafka import session_conf
         from flowspark.spark.session import get_session
 
-        spark = get_session()
+        spark = get_session(new_conf=lambda: session_conf(plan))  # a Kafka sink's connector jars
     ensure_workers(spark)
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
@@ -788,6 +772,7 @@ def run_plan(
     try:
         with no_gc():  # the driver pickles and unpickles items in bulk too
             plan = job.optimize(chosen)
+            check_bounded(plan)
             if explain:
                 print(plan.render(describe_stage))
             job.build()

@@ -15,7 +15,7 @@ changes the streaming query's shape (`shape`: the choice is recorded in the
 checkpoint and a later run makes the same one). Rules run in `RULES` order; a rule
 may build on one before it (`value_column` on `spark_keys`). Each rule (its check, effect and
 summary together) lives in this package's module of its concern: `ports`, `drivers`, `native`,
-`keys`, `sinks`, `concurrent`, `streams`.
+`keys`, `sinks`, `concurrent`, `streams`, `lowerings`.
 
 Rules can be switched off (`rules_arg`): `flowspark.spark.run(..., rules=...)`,
 `flowspark run --rules` or the environment variable `FLOWSPARK_RULES`: `all` (the
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from flowspark.spark.plan.types import Decision, Plan, StageSpec
-from flowspark.spark.rules import concurrent, drivers, keys, native, ports, sinks, streams
+from flowspark.spark.rules import concurrent, drivers, keys, lowerings, native, ports, sinks, streams
 from flowspark.spark.rules.book import TARGET_NAMES, Rule, Work
 
 __all__ = [
@@ -73,6 +73,7 @@ RULES: tuple[Rule, ...] = (
     streams.ORDERED_SOURCE,
     streams.FILE_ORDER,
     streams.LEAN_LISTENER,
+    lowerings.DRAIN_SOURCES,
 )
 
 
