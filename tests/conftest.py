@@ -26,8 +26,14 @@ def spark():
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(path))
     from pyspark.sql import SparkSession  # noqa: TID251
 
+    from flowspark.spark.io.kafka import connector_jars
+
+    # Spark's Kafka connector, when `scripts/fetch_jars.py` cached it for this pyspark (the Kafka
+    # tests need it; spark.jars is read once, when the JVM starts).
+    jars = connector_jars()
+    builder = SparkSession.builder.config("spark.jars", ",".join(jars)) if jars else SparkSession.builder
     session = (
-        SparkSession.builder.master("local[2]")
+        builder.master("local[2]")
         .appName("flowspark-tests")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.default.parallelism", "2")

@@ -7,7 +7,7 @@ import os
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
@@ -369,7 +369,11 @@ def worker_python() -> str:
     return str(path)
 
 
-def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None) -> Any:
+def get_session(
+    master: str = "local[*]",
+    conf: Optional[dict[str, str]] = None,
+    new_conf: Optional[Callable[[], dict[str, str]]] = None,
+) -> Any:
     """Return the active SparkSession, or create a local one with sensible defaults.
 
     With `SPARK_REMOTE=sc://...` in the environment (pyspark's switch to Spark
@@ -384,6 +388,10 @@ def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None)
     Args:
         master: Spark master for a new session.
         conf: Extra settings for a new session (over `DEFAULT_CONF`).
+        new_conf: Called only when a new classic session is created (not for an active
+            session nor Spark Connect), for settings that must be there before the JVM
+            starts and whose lookup may fail (a Kafka flow's `spark.jars`:
+            `flowspark.spark.io.kafka.session_conf`).
 
     Returns:
         The session.
@@ -405,6 +413,7 @@ def get_session(master: str = "local[*]", conf: Optional[dict[str, str]] = None)
         path = [p for p in sys.path if p and os.path.isdir(p)]
         old = os.environ.get("PYTHONPATH")
         os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([*(old.split(os.pathsep) if old else []), *path]))
+    conf = {**(conf or {}), **(new_conf() if new_conf is not None else {})}
     level = os.environ.get("FLOWSPARK_SPARK_LOG_LEVEL", "off").strip().lower() or "off"
     quiet_logs(level)
     builder = SparkSession.builder.master(master).appName("flowspark")
@@ -459,7 +468,11 @@ def check_master(master: str, timeout: float = 3.0) -> None:
 
 
 def open_session(
-    master: str, conf: Optional[dict[str, str]] = None, app_name: str = "flowspark", remote: Optional[str] = None
+    master: str,
+    conf: Optional[dict[str, str]] = None,
+    app_name: str = "flowspark",
+    remote: Optional[str] = None,
+    new_conf: Optional[Callable[[], dict[str, str]]] = None,
 ) -> Any:
     """Return a SparkSession on `master` (checked first when it is `spark://`), quiet as `get_session` makes it.
 
@@ -469,6 +482,7 @@ def open_session(
         app_name: The application name.
         remote: A Spark Connect URL (`sc://HOST:PORT[/;params]`): a Connect session
             instead (then `master` is ignored; `conf` is set on the session).
+        new_conf: As `get_session`'s (a classic session only).
 
     Returns:
         The session.
@@ -479,7 +493,7 @@ def open_session(
     if remote is not None:
         return connect_session(remote, conf)
     check_master(master)
-    return get_session(master, {"spark.app.name": app_name, **(conf or {})})
+    return get_session(master, {"spark.app.name": app_name, **(conf or {})}, new_conf)
 
 
 def connect_session(url: str, conf: Optional[dict[str, str]] = None) -> Any:

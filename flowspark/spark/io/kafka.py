@@ -1,23 +1,41 @@
 """Kafka through Spark's `kafka` format (streaming source and sink).
 
-Spark's Kafka connector is not part of pyspark: the session needs the jar
-`KAFKA_PACKAGE` in `spark.jars.packages` (or `--packages` for spark-submit), e.g.
+Spark's Kafka connector is not part of pyspark. A session flowspark creates for a flow
+that reads or writes Kafka puts the connector's jars that `python scripts/fetch_jars.py`
+caches (`connector_jars`) in `spark.jars` (`session_conf`); your own session or a cluster
+takes the coordinate `KAFKA_PACKAGE` (`spark.jars.packages`, spark-submit's `--packages`):
 
     SparkSession.builder.config("spark.jars.packages", KAFKA_PACKAGE)
 
-Without it, `flowspark.spark.run` fails with a `FlowsparkCompileError` naming
-the coordinate.
+Without the connector, `flowspark.spark.run` fails with a one-line
+`FlowsparkCompileError` naming what to run or set.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any, Optional, Union
 
 from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
 from flowspark.spark.io.inputs import SparkSource
 from flowspark.spark.io.outputs import SparkSink
 
-__all__ = ["KAFKA_PACKAGE", "KafkaSink", "KafkaSource"]
+__all__ = [
+    "CONNECTOR_NEWEST",
+    "FETCH_JARS",
+    "KAFKA_PACKAGE",
+    "KafkaSink",
+    "KafkaSource",
+    "connector_dir",
+    "connector_published",
+    "connector_jars",
+    "kafka_steps",
+    "session_conf",
+]
+
+#: The command that caches Spark's Kafka connector for the installed pyspark (from a flowspark checkout).
+FETCH_JARS = "python scripts/fetch_jars.py connector"
 
 
 def _kafka_package() -> str:
@@ -32,6 +50,108 @@ def _kafka_package() -> str:
 
 #: The Maven coordinate of Spark's Kafka connector for the installed pyspark (its version and Scala's).
 KAFKA_PACKAGE = _kafka_package()
+
+
+#: The newest pyspark line whose Kafka connector Maven serves (none is published for 4.3.0).
+CONNECTOR_NEWEST = (4, 2)
+
+
+def connector_published(version: Optional[str] = None) -> bool:
+    """Tell whether Maven serves Spark's Kafka connector for the installed pyspark (or `version`).
+
+    Args:
+        version: A pyspark version; default the installed one.
+
+    Returns:
+        True up to the line `CONNECTOR_NEWEST`.
+
+    Example:
+        >>> connector_published("4.2.0"), connector_published("4.3.0")
+        (True, False)
+    """
+    from flowspark.spark.versions import installed
+
+    return installed(version) <= CONNECTOR_NEWEST
+
+
+def connector_dir() -> Path:
+    """Where `scripts/fetch_jars.py` caches Spark's Kafka connector for the installed pyspark.
+
+    `$FLOWSPARK_JARS_DIR/kafka-<pyspark version>` (default root `~/.cache/flowspark/jars`).
+
+    Returns:
+        The directory (it may not exist).
+    """
+    import pyspark
+
+    env = os.environ.get("FLOWSPARK_JARS_DIR")
+    root = Path(env) if env else Path.home() / ".cache" / "flowspark" / "jars"
+    return root / f"kafka-{pyspark.__version__}"
+
+
+def connector_jars() -> Optional[list[str]]:
+    """The cached connector's jars (the connector and its dependencies), or `None` when not fetched.
+
+    A directory counts once `scripts/fetch_jars.py` finished it (its `.complete` marker).
+
+    Returns:
+        The jar paths, sorted, or `None`.
+    """
+    d = connector_dir()
+    if not (d / ".complete").is_file():
+        return None
+    jars = sorted(str(j) for j in d.glob("*.jar"))
+    return jars or None
+
+
+def kafka_steps(plan: Any) -> list[str]:
+    """The ids of the steps of `plan` that read or write Kafka (`KafkaSource` inputs, `KafkaSink` outputs).
+
+    Args:
+        plan: A `flowspark.spark.plan.types.Plan`.
+
+    Returns:
+        The step ids, inputs first.
+    """
+    steps = [st.steps[0] for st in plan.stages if isinstance(st.source, KafkaSource) and st.steps]
+    return steps + [sk.step_id for sk in plan.sinks if isinstance(sk.sink, KafkaSink)]
+
+
+def session_conf(plan: Any) -> dict[str, str]:
+    """What a session flowspark creates for `plan` needs: the cached connector in `spark.jars` for a Kafka flow.
+
+    Args:
+        plan: A `flowspark.spark.plan.types.Plan`.
+
+    Returns:
+        `{"spark.jars": ...}` for a flow that reads or writes Kafka, else `{}`.
+
+    Raises:
+        FlowsparkCompileError: The flow reads or writes Kafka and the connector is not cached:
+            one line naming the step, the directory and the command that fetches it.
+    """
+    steps = kafka_steps(plan)
+    if not steps:
+        return {}
+    jars = connector_jars()
+    if jars is None and not connector_published():
+        import pyspark
+
+        msg = (
+            f"step {steps[0]!r} uses Kafka, and Maven serves no Spark Kafka connector for pyspark "
+            f"{pyspark.__version__} ({KAFKA_PACKAGE}); run Kafka flows with pyspark "
+            f"{CONNECTOR_NEWEST[0]}.{CONNECTOR_NEWEST[1]} (then `{FETCH_JARS}`), or pass a session whose "
+            "classpath has a connector matching its Spark"
+        )
+        raise FlowsparkCompileError(msg)
+    if jars is None:
+        msg = (
+            f"step {steps[0]!r} uses Kafka, and Spark's Kafka connector ({KAFKA_PACKAGE}) is not in "
+            f"{connector_dir()}; run `{FETCH_JARS}` (from a flowspark checkout) once, or pass a session "
+            f"started with spark.jars.packages={KAFKA_PACKAGE}"
+        )
+        raise FlowsparkCompileError(msg)
+    return {"spark.jars": ",".join(jars)}
 
 
 def _names(what: str, x: Union[str, list[str]]) -> str:
@@ -49,18 +169,26 @@ def missing_jar(e: Exception) -> Optional[FlowsparkCompileError]:
     if "kafka" in text.lower() and ("Failed to find data source" in text or "DATA_SOURCE_NOT_FOUND" in text):
         msg = (
             f"Spark's kafka format is not on this session's classpath; start the session with "
-            f"spark.jars.packages={KAFKA_PACKAGE} (or spark-submit --packages {KAFKA_PACKAGE})"
+            f"spark.jars.packages={KAFKA_PACKAGE} (or spark-submit --packages {KAFKA_PACKAGE}), or let "
+            f"flowspark create it (it takes the jars `{FETCH_JARS}` caches)"
         )
         return FlowsparkCompileError(msg)
     return None
 
 
+_FIRST = ("topic", "partition", "offset")
+
+
 class KafkaSource(SparkSource):
     """Read Kafka topics as a stream; one dict item per record.
 
-    Items: `{"key": bytes, "value": bytes, "topic": str, "partition": int,
-    "offset": int, "timestamp": datetime, "timestampType": int}`. Offsets are
-    Spark's (kept in the query's checkpoint).
+    Items: `{"topic": str, "partition": int, "offset": int, "key": bytes,
+    "value": bytes, "timestamp": datetime, "timestampType": int}` (and `"headers"`, a
+    list of `{"key": str, "value": bytes}`, with `options={"includeHeaders": "true"}`).
+    Offsets are Spark's (kept in the query's checkpoint). A step that fails on a record
+    names its topic, partition and offset (they come first in the item's `repr`); with a
+    dead letter the record lands there whole (its `item`: the dict's `repr`, raw bytes
+    included).
 
     Args:
         brokers: Bootstrap servers (`"host:9092"` or a list).
@@ -104,12 +232,14 @@ class KafkaSource(SparkSource):
             FlowsparkCompileError: Spark's kafka connector is not on the classpath.
         """
         try:
-            return spark.readStream.format("kafka").options(**self.options).load()
+            df = spark.readStream.format("kafka").options(**self.options).load()
         except Exception as e:
             err = missing_jar(e)
             if err is not None:
                 raise err from e
             raise
+        # Where a record comes from first: an error's shortened item then names its topic, partition, offset.
+        return df.select(*_FIRST, *(c for c in df.columns if c not in _FIRST))
 
     def __repr__(self) -> str:
         """Show the topics."""

@@ -153,20 +153,24 @@ def run_streaming(
     ship_user_modules()
     plan = compile_streaming(flow).with_dead_letter(dead_sink)
     steps = [ks.step_id for ks in plan.keyed_steps()]
+    from flowspark.spark.io.kafka import session_conf
     from flowspark.spark.session import get_session
 
+    def new_conf() -> dict[str, str]:
+        return session_conf(plan)  # a Kafka flow's connector jars, when flowspark creates the session
+
     if spark is None and not is_local(checkpoint):
-        spark = get_session()  # its Hadoop file systems open the checkpoint
+        spark = get_session(new_conf=new_conf)  # its Hadoop file systems open the checkpoint
     if spark is not None:
         check_reachable(spark, checkpoint)
     check_versions(plan, state_layout, checkpoint)  # before anything is written
-    spark, buckets = _buckets(spark, checkpoint, buckets, state_layout)
+    spark, buckets = _buckets(spark, checkpoint, buckets, state_layout, new_conf)
     timers = check_meta(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan))
     layout = check_layout(checkpoint, state_layout, layouts_here(LAYOUTS))
     check_versions(plan, layout, checkpoint)
     untimed = check_untimed(checkpoint, layout, timers, state_ttl is not None)
     if spark is None:
-        spark = get_session()
+        spark = get_session(new_conf=new_conf)
     ensure_workers(spark)
     carry = streaming_carry(spark)
     show: Optional[Callable[[str], None]]
@@ -215,7 +219,13 @@ def run_streaming(
     return sr
 
 
-def _buckets(spark: Any, checkpoint: str, buckets: Optional[int], layout: Optional[str]) -> tuple[Any, int]:
+def _buckets(
+    spark: Any,
+    checkpoint: str,
+    buckets: Optional[int],
+    layout: Optional[str],
+    new_conf: Callable[[], dict[str, str]],
+) -> tuple[Any, int]:
     """The run's bucket count: the one asked for, else the checkpoint's, else a new checkpoint's default.
 
     Returns:
@@ -230,7 +240,7 @@ def _buckets(spark: Any, checkpoint: str, buckets: Optional[int], layout: Option
         if spark is None:
             from flowspark.spark.session import get_session
 
-            spark = get_session()
+            spark = get_session(new_conf=new_conf)
         buckets = default_buckets(
             layout or layouts_here(LAYOUTS)[0], int(spark.conf.get("spark.sql.shuffle.partitions"))
         )
