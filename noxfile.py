@@ -5,6 +5,7 @@ installs. The compatibility suite runs what differs between Spark versions on ev
 
     python -m nox -s compat            # every other line: 3.5, 4.0, 4.1, 4.2
     python -m nox -s "compat(line='3.5')"   # one line (CI runs the oldest)
+    python -m nox -s kafka             # Kafka end to end on 4.2 (the newest line Maven has a connector for)
 
 Each line pins its newest release, but 4.2 pins 4.2.0, the newest whose Kafka connector Maven serves
 (`scripts/fetch_jars.py`; the Kafka tests run there). On 4.0, 4.0.1's applyInPandasWithState fails
@@ -74,3 +75,22 @@ def compat(session: nox.Session, line: str) -> None:
     for args in runs:
         pytest = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, *session.posargs]
         session.run(*pytest, env=env, external=True)
+
+
+#: The Kafka tests: a real broker, Spark's Kafka connector (none is published for the newest line's pyspark).
+KAFKA_RUNS = ["tests/spark/test_kafka_broker.py", "tests/spark/test_kafka_e2e.py"]
+
+
+@nox.session(python=False)
+def kafka(session: nox.Session) -> None:
+    """Kafka end to end on pyspark 4.2.0, in the virtualenv `compat(line='4.2')` uses (.nox/compat-4.2)."""
+    venv = Path(".nox") / "compat-4.2"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        session.run("python", "-m", "venv", str(venv), external=True)
+    session.run(
+        str(python), "-m", "pip", "install", "-q", "-e", ".[test]", f"pyspark[connect]=={LINES['4.2']}", external=True
+    )
+    session.run(str(python), "scripts/fetch_jars.py", "connector", "broker", external=True)
+    pytest = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *KAFKA_RUNS, *session.posargs]
+    session.run(*pytest, external=True)

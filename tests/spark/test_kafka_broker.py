@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from kafka_broker import broker
 
 # Part of the Spark suite (the broker serves the Kafka flows), out of the fast loop; kafka-python
 # imports resources the old way (a DeprecationWarning per call, not ours to fix).
@@ -13,13 +12,6 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:open_text is deprecated:DeprecationWarning"),
     pytest.mark.filterwarnings("ignore:read_text is deprecated:DeprecationWarning"),
 ]
-
-
-@pytest.fixture(scope="session")
-def kafka(tmp_path_factory):
-    """One broker for the whole test session."""
-    with broker(tmp_path_factory.mktemp("kafka")) as b:
-        yield b
 
 
 def test_broker_round_trips_keys_headers_and_partitions(kafka):
