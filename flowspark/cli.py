@@ -523,11 +523,39 @@ def _cmd_run(args: argparse.Namespace) -> int:
         "float_reductions": args.float_reductions,
     }
     if args.no_progress:
-        run(flow, spark=spark, **options)
+        _interruptible(lambda: run(flow, spark=spark, **options))
     else:
         with Progress(spark):
-            run(flow, spark=spark, **options)
+            _interruptible(lambda: run(flow, spark=spark, **options))
     return 0
+
+
+def _interruptible(fn: Any) -> Any:
+    """Call `fn`; after Ctrl-C, whatever error the cancelled Spark job gives is `KeyboardInterrupt`.
+
+    pyspark's own SIGINT handler cancels the running jobs (a source that never ends stops
+    there); the job's error that follows is not the user's.
+    """
+    import signal
+
+    got: list[int] = []
+    previous = signal.getsignal(signal.SIGINT)
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        got.append(signum)
+        if callable(previous):
+            previous(signum, frame)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        return fn()
+    except Exception:
+        if got:
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _kafka_conf(flow: Any) -> Callable[[], dict[str, str]]:

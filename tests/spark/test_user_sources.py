@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -182,6 +182,37 @@ class Polls(SimplePollingSource[int]):
         return self.n
 
 
+class _Paced(StatelessSourcePartition):
+    """Bytewax's periodic_input example: `next_awake` from the system clock, 0.2 s apart."""
+
+    def __init__(self) -> None:
+        self.awake = datetime.now(timezone.utc)
+        self.n = 0
+
+    def next_awake(self) -> datetime:
+        return self.awake
+
+    def next_batch(self) -> list[int]:
+        self.n += 1
+        if self.n > 3:
+            raise StopIteration
+        self.awake = datetime.now(timezone.utc) + timedelta(milliseconds=200)
+        return [self.n]
+
+
+class Paced(DynamicSource):
+    def build(self, step_id: str, worker_index: int, worker_count: int) -> _Paced:
+        return _Paced()
+
+
+def test_next_awake_is_read_against_the_system_clock_in_a_batch_job(spark):
+    got: list[Any] = []
+    flow = Dataflow("paced")
+    op.output("out", op.input("inp", flow, Paced()), TestingSink(got))
+    assert run(flow, spark=spark) is None  # returns: the job's fixed logical now does not hold it back
+    assert sorted(got) == sorted([1, 2, 3] * spark.sparkContext.defaultParallelism)
+
+
 def test_a_polling_source_with_one_type_argument_ends_on_spark(spark):
     got: list[Any] = []
     flow = Dataflow("polls")
@@ -245,3 +276,57 @@ def test_a_module_whose_name_starts_with_a_digit_runs_in_memory_on_spark_and_in_
         )
         assert res.returncode == 0, res.stderr
         assert res.stdout == want
+
+
+FOREVER = textwrap.dedent(
+    """
+    import os
+    import flowspark.operators as op
+    from flowspark.connectors.stdio import StdOutSink
+    from flowspark.dataflow import Dataflow
+    from flowspark.inputs import DynamicSource, StatelessSourcePartition
+
+    class _Part(StatelessSourcePartition):
+        def __init__(self, marker):
+            open(marker, "w").close()  # the task is reading
+        def next_batch(self):
+            return [1]
+
+    class Forever(DynamicSource):
+        def build(self, step_id, worker_index, worker_count):
+            return _Part(os.environ["MARKER"] + str(worker_index))
+
+    flow = Dataflow("forever")
+    op.output("out", op.input("inp", flow, Forever()), StdOutSink())
+    """
+)
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_a_source_that_never_ends_cleanly(tmp_path):
+    import signal
+    import time
+
+    (tmp_path / "forever.py").write_text(FOREVER)
+    marker = str(tmp_path / "reading")
+    env = {**os.environ, "MARKER": marker}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flowspark", "run", "forever.py", "--runtime", "spark", "--no-progress"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while not os.path.exists(marker + "0") and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    # The last line is flowspark's; the cancelled job's error is not reported as the run's.
+    # (Spark's Python worker daemon may print its own KeyboardInterrupt traceback before it.)
+    assert err.rstrip().splitlines()[-1] == "flowspark: interrupted"
+    assert "flowspark: error" not in err
+    assert out == ""  # nothing reached the sink: a batch job writes after its sources end

@@ -17,7 +17,7 @@ import itertools
 import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from flowspark._time import use_clock
@@ -431,17 +431,20 @@ def no_gc() -> Iterator[None]:
 
 # --------------------------------------------------------------------------- sources inside tasks
 def _read_partition(step_id: str, part: Any) -> Iterator[list[Any]]:
-    """Read a built source partition to its end, batch by batch."""
+    """Read a built source partition to its end, batch by batch.
+
+    `next_awake` is compared with the system clock, as Bytewax does (a source computes it from
+    `datetime.now`), not with the job's logical "now", which stays fixed.
+    """
     import time
 
-    from flowspark._time import utc_now
     from flowspark.inputs import AbortExecution
 
     try:
         while True:
             awake = part.next_awake() if hasattr(part, "next_awake") else None
             if awake is not None:
-                wait = (awake - utc_now()).total_seconds()
+                wait = (awake - datetime.now(timezone.utc)).total_seconds()
                 if wait > 0:
                     time.sleep(min(wait, 1.0))
                     continue
