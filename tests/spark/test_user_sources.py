@@ -325,8 +325,8 @@ def test_ctrl_c_stops_a_source_that_never_ends_cleanly(tmp_path):
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    # The last line is flowspark's; the cancelled job's error is not reported as the run's.
-    # (Spark's Python worker daemon may print its own KeyboardInterrupt traceback before it.)
-    assert err.rstrip().splitlines()[-1] == "flowspark: interrupted"
+    # The cancelled job's error is not reported as the run's. (Spark's Python worker daemon, in
+    # the same process group, may print its own KeyboardInterrupt or BrokenPipe traceback.)
+    assert "flowspark: interrupted" in err.splitlines()
     assert "flowspark: error" not in err
     assert out == ""  # nothing reached the sink: a batch job writes after its sources end
