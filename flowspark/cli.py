@@ -504,17 +504,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
             raise CliError(msg)
         return _run_streaming(flow, args, conf, unbounded)
     from flowspark.spark import compile_flow, run
-    from flowspark.spark.session import open_session
     from flowspark.spark.tools import Progress
 
     compile_flow(flow)  # compile errors before starting a session
-    spark = open_session(
-        args.master or "local[*]",
-        conf,
-        app_name=f"flowspark {flow.flow_id}",
-        remote=args.remote,
-        new_conf=_kafka_conf(flow),
-    )
+    spark = _open_run_session(flow, args, conf)
     options = {
         "state_ttl": args.state_ttl,
         "dead_letter": _dead_letter(args),
@@ -556,6 +549,19 @@ def _interruptible(fn: Any) -> Any:
         raise
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _open_run_session(flow: Any, args: argparse.Namespace, conf: dict[str, str]) -> Any:
+    """The session `flowspark run` runs `flow` in: `--master` or `--remote`, with the Kafka jars if needed."""
+    from flowspark.spark.session import open_session
+
+    return open_session(
+        args.master or "local[*]",
+        conf,
+        app_name=f"flowspark {flow.flow_id}",
+        remote=args.remote,
+        new_conf=_kafka_conf(flow),
+    )
 
 
 def _kafka_conf(flow: Any) -> Callable[[], dict[str, str]]:
@@ -619,7 +625,6 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
         trigger = "available_now" if kind == "available_now" else f"{round((secs or 0) * 1000)} milliseconds"
     from flowspark._paths import is_local
     from flowspark.spark.api import check_streaming
-    from flowspark.spark.session import open_session
     from flowspark.spark.streaming import run_streaming as _run
 
     plain = is_local(args.checkpoint, ("",))  # a path, not a URI
@@ -627,13 +632,7 @@ def _run_streaming(flow: Any, args: argparse.Namespace, conf: dict[str, str], un
     check_streaming(
         flow, checkpoint, args.buckets, args.state_layout, args.state_ttl is not None
     )  # before a session starts
-    spark = open_session(
-        args.master or "local[*]",
-        conf,
-        app_name=f"flowspark {flow.flow_id}",
-        remote=args.remote,
-        new_conf=_kafka_conf(flow),
-    )
+    spark = _open_run_session(flow, args, conf)
     progress: Any = False if args.no_progress else (lambda line: print(line, file=sys.stderr, flush=True))
     _run(
         flow,

@@ -169,6 +169,18 @@ def offline_env(plan: Plan, rules: tuple[frozenset[str], str]) -> Env:
     )
 
 
+def several_keyed_stages(plan: Plan) -> bool:
+    """Whether the plan has more than one keyed stage (a chain: transformWithStateInPandas, Spark 4.0+).
+
+    Args:
+        plan: The plan.
+
+    Returns:
+        `True` for two keyed stages or more.
+    """
+    return sum(1 for st in plan.stages if st.kind == "keyed") > 1
+
+
 def layouts_here(layouts: tuple[str, ...]) -> tuple[str, ...]:
     """The state layouts in the order a new checkpoint picks from, on the installed pyspark.
 
@@ -233,11 +245,11 @@ def check_versions(plan: Plan, layout: Optional[str], checkpoint: str) -> None:
             f"the {layout!r} state layout of checkpoint {checkpoint!r}",
             f"start a new checkpoint with state_layout='bucket', or install {newer(TRANSFORM_WITH_STATE)}",
         )
-    keyed = [ks.step_id for ks in plan.keyed_steps()]
-    if sum(1 for st in plan.stages if st.kind == "keyed") > 1:
+    if several_keyed_stages(plan):
+        keyed = ", ".join(repr(ks.step_id) for ks in plan.keyed_steps())
         require(
             TRANSFORM_WITH_STATE,
-            f"stateful steps {', '.join(map(repr, keyed))} run in one query as several keyed stages",
+            f"stateful steps {keyed} run in one query as several keyed stages",
             f"run them as separate flows, or install {newer(TRANSFORM_WITH_STATE)}",
         )
 
@@ -268,7 +280,7 @@ class Lowering:
         Spark allows one applyInPandasWithState per query, so then every keyed stage uses
         transformWithStateInPandas (RocksDB state store).
         """
-        return sum(1 for st in self.plan.stages if st.kind == "keyed") > 1
+        return several_keyed_stages(self.plan)
 
     @property
     def routed(self) -> bool:

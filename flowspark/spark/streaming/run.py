@@ -167,7 +167,8 @@ def run_streaming(
     spark, buckets = _buckets(spark, checkpoint, buckets, state_layout, new_conf)
     timers = check_meta(checkpoint, plan.flow_id, buckets, steps, needs_timers(plan))
     layout = check_layout(checkpoint, state_layout, layouts_here(LAYOUTS))
-    check_versions(plan, layout, checkpoint)
+    if state_layout is None:  # the recorded layout, not checked above
+        check_versions(plan, layout, checkpoint)
     untimed = check_untimed(checkpoint, layout, timers, state_ttl is not None)
     if spark is None:
         spark = get_session(new_conf=new_conf)
