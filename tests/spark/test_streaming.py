@@ -282,8 +282,13 @@ def test_streaming_needs_a_checkpoint(tmp_path):
     from flowspark.errors import FlowsparkTypeError
     from flowspark.spark import run
 
-    with pytest.raises(FlowsparkTypeError, match="needs checkpoint=DIR"):
+    from flowspark.spark.streaming import run_streaming
+
+    # A trigger asks for a streaming query; without a checkpoint the flow drains as a batch job.
+    with pytest.raises(FlowsparkTypeError, match="give a checkpoint to run it as a streaming query"):
         run(_count_flow(str(tmp_path), []), trigger="available_now")
+    with pytest.raises(FlowsparkTypeError, match="needs checkpoint=DIR"):
+        run_streaming(_count_flow(str(tmp_path), []), trigger="available_now")
 
 
 def _driver_input(spark, tmp_path, mult: int, mod: int) -> tuple[str, list]:
