@@ -10,6 +10,7 @@ build time (mkdocstrings, docs/_hooks/generated.py), so they cannot go stale.
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import shutil
 import subprocess
@@ -55,6 +56,25 @@ def test_the_site_builds_strict(site):
     assert (site / "index.html").is_file()
     for page in ["getting-started", "concepts", "streaming", "howto/kafka", "reference/operators", "reference/cli"]:
         assert (site / page / "index.html").is_file(), page
+
+
+def test_the_pictures_are_images_and_diagrams(site):
+    """Every ```mermaid block becomes a diagram Material draws (`<pre class="mermaid">`, not highlighted code), and
+    every image a page shows is a PNG file of the site (the performance charts)."""
+    for page in DOCS.rglob("*.md"):
+        blocks = page.read_text().count("```mermaid")
+        rel = page.relative_to(DOCS).with_suffix("")
+        html = (site / (rel.parent if rel.name == "index" else rel) / "index.html").read_text()
+        assert html.count('<pre class="mermaid">') == blocks, page
+    images = [
+        (html, src)
+        for html in site.rglob("*.html")
+        for src in re.findall(r'<img [^>]*src="([^"]+)"', html.read_text())
+        if not src.startswith(("http", "data:"))
+    ]
+    assert len(images) >= 2
+    for html, src in images:
+        assert (html.parent / src).resolve().read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", (html, src)
 
 
 def test_a_broken_link_fails_the_build(tmp_path):
@@ -206,19 +226,20 @@ def test_plan_excerpt_matches_the_command(capsys, monkeypatch):
 # -- the guide's code examples --------------------------------------------------------------------
 
 #: How each page's ```python blocks are checked, block by block: "run" executes the block (after the page's
-#: earlier run blocks, in one namespace), "spark" runs it in test_spark_examples_run, "streaming-quick-start"
-#: is docs/streaming.md's first block (tests/spark/quiet_driver.py runs it on Spark), and "fragment" is a piece
-#: of a larger program (a session, a broker or a `flow` defined elsewhere): it is compiled, not run.
+#: earlier run blocks, in one namespace); "spark" runs it in test_spark_examples_run, with `spark` the tests'
+#: session and its `/data/` paths under a temporary directory; "streaming-quick-start" is docs/streaming.md's
+#: first block (tests/spark/quiet_driver.py runs it on Spark); "connect" needs a Spark Connect server:
+#: tests/spark/test_connect.py runs it through one (the scenario `docs_connect` of connect_driver.py).
 EXAMPLES = {
     "concepts.md": ["run", "run", "run", "run"],
     "getting-started.md": ["run", "spark", "streaming-quick-start"],
     "howto/dead-letters.md": ["run"],
     "howto/kafka.md": ["run-pyspark"],
     "howto/delta.md": ["run-pyspark"],
-    "howto/tuning.md": ["fragment"],
-    "howto/connect.md": ["fragment"],
-    "spark.md": ["fragment"],
-    "streaming.md": ["streaming-quick-start", "fragment", "fragment"],
+    "howto/tuning.md": ["spark"],
+    "howto/connect.md": ["connect"],
+    "spark.md": ["spark", "spark"],
+    "streaming.md": ["streaming-quick-start", "spark"],
     "reference/operators.md": ["run"],
 }
 
@@ -239,7 +260,7 @@ def test_every_page_with_code_is_checked():
 
 @pytest.mark.parametrize("page", sorted(EXAMPLES))
 def test_python_examples_run(page):
-    """Every ```python block of the page runs as written (with its asserts), or compiles where it is a fragment."""
+    """Every ```python block of the page compiles, and the ones that need no Spark session run (with their asserts)."""
     namespace = {"__name__": f"docs_{page}"}
     for i, (code, kind) in enumerate(zip(_blocks(page), EXAMPLES[page], strict=True)):
         compiled = compile(code, f"{page} python block {i + 1}", "exec")
@@ -271,9 +292,43 @@ def test_the_flow_graph_shown_is_what_visualize_draws():
     assert shown.strip() == to_mermaid(namespace["flow"]).strip()
 
 
+_NUMBER = re.compile(r"\d+(\.\d+)?( (B|KiB|MiB|GiB)\b)?")
+
+
+def _shape(line):
+    """A progress line with its figures left out: what the product prints, whatever the run's numbers."""
+    return _NUMBER.sub("N", line)
+
+
+def _shown_progress(page):
+    """The `[flowspark]` progress lines a page shows."""
+    return [ln for ln in (DOCS / page).read_text().splitlines() if ln.startswith("[flowspark] batch ")]
+
+
+def test_the_progress_lines_shown_are_the_ones_the_product_prints():
+    """docs/streaming.md's and getting-started's progress lines have the shape `progress_line` gives them."""
+    from flowspark.spark.streaming.listen import progress_line
+
+    state = {"numRowsTotal": 3, "memoryUsedBytes": 13_700, "customMetrics": {"rocksdbSstFileSize": 3300}}
+    p = {"batchId": 3, "numInputRows": 20, "processedRowsPerSecond": 4.2, "stateOperators": [state]}
+    printed = _shape(progress_line(p, counts=(3, 3)))
+    shown = _shown_progress("streaming.md") + _shown_progress("getting-started.md")
+    assert len(shown) >= 7
+    assert {_shape(line) for line in shown} == {printed}
+
+
+def _spark_blocks(page):
+    return [code for code, kind in zip(_blocks(page), EXAMPLES[page], strict=True) if kind == "spark"]
+
+
 @pytest.mark.slow
-def test_spark_examples_run(spark):
-    """getting-started's "The same flow on Spark" and README's: the first block's flow, run on Spark by the second."""
+def test_spark_examples_run(spark, tmp_path):
+    """Every "spark" block of the guide, on the tests' session (README's Spark block too).
+
+    getting-started's and README's: the first block's flow, run on Spark by the second; docs/spark.md,
+    docs/streaming.md's own stream (whose progress lines must look like the one the page shows) and
+    docs/howto/tuning.md with their `/data/` paths under `tmp_path`.
+    """
     namespace = {"__name__": "docs_getting_started"}
     for code, kind in zip(_blocks("getting-started.md"), EXAMPLES["getting-started.md"], strict=True):
         if kind in ("run", "spark"):
@@ -282,3 +337,18 @@ def test_spark_examples_run(spark):
     for i, code in enumerate(_readme_blocks()):
         exec(compile(code, f"README.md python block {i + 1}", "exec"), namespace)
     assert sorted(namespace["out"]) == [("ann", 5), ("ann", 12), ("bob", 3)]
+
+    (tmp_path / "visits").mkdir()
+    visits = [{"user": "ann", "url": "/a"}, {"user": "bob", "url": "/b"}, {"user": "ann", "url": None}]
+    (tmp_path / "visits" / "1.json").write_text("".join(json.dumps(v) + "\n" for v in visits))
+    spaces = {}
+    for page in ("spark.md", "streaming.md", "howto/tuning.md"):
+        spaces[page] = namespace = {"__name__": f"docs_{page}", "spark": spark}
+        for i, code in enumerate(_spark_blocks(page)):
+            code = code.replace('"/data/', f'"{tmp_path}/')  # also in f"/data/..."
+            exec(compile(code, f"{page} python block {i + 1}", "exec"), namespace)
+    counts = spark.read.parquet(str(tmp_path / "visit_counts")).select("user", "visits").collect()
+    assert sorted(counts) == [("ann", 1), ("bob", 1)]  # ann's visit without a url is filtered out
+    lines = spaces["streaming.md"]["lines"]
+    assert lines
+    assert {_shape(line) for line in lines} == {_shape(line) for line in _shown_progress("streaming.md")}
