@@ -5,11 +5,12 @@ installs. The compatibility suite runs what differs between Spark versions on ev
 
     python -m nox -s compat            # every other line: 3.5, 4.0, 4.1, 4.2
     python -m nox -s "compat(line='3.5')"   # one line (CI runs the oldest)
-    python -m nox -s kafka             # Kafka end to end on 4.2 (the newest line Maven has a connector for)
+    python -m nox -s kafka             # Kafka and Delta Lake end to end on 4.2 (see `kafka`)
 
 Each line pins its newest release, but 4.2 pins 4.2.0, the newest whose Kafka connector Maven serves
-(`scripts/fetch_jars.py`; the Kafka tests run there). On 4.0, 4.0.1's applyInPandasWithState fails
-with pandas 2.3 and pyarrow 26 (a TypeError in pyspark's serializer); 4.0.5 runs.
+(`scripts/fetch_jars.py`; the Kafka tests run there) and the newest Delta Lake is built for (Delta 4.4.0).
+On 4.0, 4.0.1's applyInPandasWithState fails with pandas 2.3 and pyarrow 26 (a TypeError in
+pyspark's serializer); 4.0.5 runs.
 Spark 3.5 also needs numpy < 2 (its declared range) and so a pyarrow built for numpy 1.
 The Connect case runs this line's client against a server of the newest line (the pyspark of
 the interpreter running nox), the version pair `docs/` documents.
@@ -77,20 +78,22 @@ def compat(session: nox.Session, line: str) -> None:
         session.run(*pytest, env=env, external=True)
 
 
-#: The Kafka tests: a real broker, Spark's Kafka connector (none is published for the newest line's pyspark).
-KAFKA_RUNS = ["tests/spark/test_kafka_broker.py", "tests/spark/test_kafka_e2e.py"]
+#: The Kafka and Delta tests: a real broker, Spark's Kafka connector (none is published for the newest
+#: line's pyspark), Delta Lake (none is built for it).
+KAFKA_RUNS = ["tests/spark/test_kafka_broker.py", "tests/spark/test_kafka_e2e.py", "tests/spark/test_delta_e2e.py"]
+#: The Delta Lake release paired with pyspark 4.2.0 (`flowspark.spark.io.delta.DELTA_RELEASES`).
+DELTA = "4.4.0"
 
 
 @nox.session(python=False)
 def kafka(session: nox.Session) -> None:
-    """Kafka end to end on pyspark 4.2.0, in the virtualenv `compat(line='4.2')` uses (.nox/compat-4.2)."""
+    """Kafka and Delta Lake end to end on pyspark 4.2.0, in the virtualenv of `compat(line='4.2')` (.nox/compat-4.2)."""
     venv = Path(".nox") / "compat-4.2"
     python = venv / "bin" / "python"
     if not python.exists():
         session.run("python", "-m", "venv", str(venv), external=True)
-    session.run(
-        str(python), "-m", "pip", "install", "-q", "-e", ".[test]", f"pyspark[connect]=={LINES['4.2']}", external=True
-    )
-    session.run(str(python), "scripts/fetch_jars.py", "connector", "broker", external=True)
+    pins = [f"pyspark[connect]=={LINES['4.2']}", f"delta-spark=={DELTA}"]
+    session.run(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
+    session.run(str(python), "scripts/fetch_jars.py", "connector", "broker", "delta", external=True)
     pytest = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *KAFKA_RUNS, *session.posargs]
     session.run(*pytest, external=True)

@@ -361,7 +361,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from flowspark.spark.session import open_session
         from flowspark.spark.tools import physical_plans, streaming_physical_plans
 
-        spark = open_session(args.master, {"spark.sql.shuffle.partitions": "2"}, app_name="flowspark plan")
+        shuffle = {"spark.sql.shuffle.partitions": "2"}
+        spark = open_session(args.master, shuffle, app_name="flowspark plan", new_conf=_jars_conf(flow))
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)
         if batch:
             plan, physical = physical_plans(plan, spark, rules=args.rules)
@@ -552,7 +553,7 @@ def _interruptible(fn: Any) -> Any:
 
 
 def _open_run_session(flow: Any, args: argparse.Namespace, conf: dict[str, str]) -> Any:
-    """The session `flowspark run` runs `flow` in: `--master` or `--remote`, with the Kafka jars if needed."""
+    """The session `flowspark run` runs `flow` in: `--master` or `--remote`, with Kafka's or Delta's jars if needed."""
     from flowspark.spark.session import open_session
 
     return open_session(
@@ -560,16 +561,16 @@ def _open_run_session(flow: Any, args: argparse.Namespace, conf: dict[str, str])
         conf,
         app_name=f"flowspark {flow.flow_id}",
         remote=args.remote,
-        new_conf=_kafka_conf(flow),
+        new_conf=_jars_conf(flow),
     )
 
 
-def _kafka_conf(flow: Any) -> Callable[[], dict[str, str]]:
-    """What a session `flowspark run` creates for `flow` needs before it starts (a Kafka flow's connector jars)."""
+def _jars_conf(flow: Any) -> Callable[[], dict[str, str]]:
+    """What a session the CLI creates for `flow` needs before it starts (Kafka's or Delta's jars, Delta's settings)."""
 
     def new_conf() -> dict[str, str]:
         from flowspark.spark import compile_flow
-        from flowspark.spark.io.kafka import session_conf
+        from flowspark.spark.io.classpath import session_conf
 
         return session_conf(compile_flow(flow))
 

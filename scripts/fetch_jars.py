@@ -10,11 +10,16 @@ Two sets, each in its own directory under ``$FLOWSPARK_JARS_DIR`` (default
   in ``spark.jars``.
 * ``kafka-broker-<kafka version>/``: an Apache Kafka broker (``org.apache.kafka:kafka_2.13``)
   with its dependencies, for the tests' one-node KRaft broker (``tests/spark/kafka_broker.py``).
+* ``delta-<pyspark version>/``: Delta Lake built for the installed pyspark's line (the coordinate
+  ``flowspark.spark.io.delta.delta_package()`` picks from its table of pairings) with its runtime
+  dependencies. Sessions flowspark creates for a flow that reads or writes Delta put them in
+  ``spark.jars``. No Delta release is built for every line (none for Spark 4.3).
 
 A directory holding a ``.complete`` marker is not fetched again. Usage::
 
-    python scripts/fetch_jars.py            # both sets
+    python scripts/fetch_jars.py            # Kafka's connector and broker (Delta is asked for by name)
     python scripts/fetch_jars.py connector  # only Spark's connector
+    python scripts/fetch_jars.py delta      # only Delta Lake
 """
 
 from __future__ import annotations
@@ -83,8 +88,26 @@ class Refused(Exception):
     """Maven did not serve a coordinate (the message is Maven's own refusal)."""
 
 
-def fetch(coordinate: str, dest: Path) -> Path:
+def _artifact(jar: str) -> str:
+    """A copied jar's artifact name: ``zstd-jni-1.5.7-3.jar`` -> ``zstd-jni``."""
+    m = re.match(r"(.+?)-\d", jar)
+    return m.group(1) if m else jar
+
+
+def pyspark_artifacts() -> set[str]:
+    """The artifacts the installed pyspark ships in its own ``jars/`` directory."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    jars = Path(spec.origin).parent / "jars" if spec is not None and spec.origin else None
+    return {_artifact(j.name) for j in jars.glob("*.jar")} if jars is not None and jars.is_dir() else set()
+
+
+def fetch(coordinate: str, dest: Path, keep_spark_own: bool = False) -> Path:
     """Copy `coordinate` (group:artifact:version) and its runtime dependencies into `dest`, once.
+
+    With `keep_spark_own`, a dependency pyspark ships itself (another version of Jackson,
+    Hadoop, Parquet, Scala ...) is left out: Spark's own version is the one its classes use.
 
     Raises:
         Refused: Maven could not resolve it (its error lines in the message).
@@ -114,6 +137,11 @@ def fetch(coordinate: str, dest: Path) -> Path:
             errors = [line for line in (done.stdout + done.stderr).splitlines() if "[ERROR]" in line]
             first = errors[0] if errors else done.stdout + done.stderr
             raise Refused(re.sub(r"\x1b\[[0-9;]*m|\[ERROR\] ", "", first).strip())
+        if keep_spark_own:
+            shipped = pyspark_artifacts()
+            for jar in partial.glob("*.jar"):
+                if _artifact(jar.name) in shipped:
+                    jar.unlink()
         shutil.rmtree(dest, ignore_errors=True)
         partial.rename(dest)
         (dest / ".complete").write_text(coordinate + "\n")
@@ -122,15 +150,35 @@ def fetch(coordinate: str, dest: Path) -> Path:
     return dest
 
 
+def fetch_delta() -> int:
+    """Fetch Delta Lake's jars for the installed pyspark; 1 (and one line) without a pairing or when Maven refuses."""
+    from flowspark.spark.io.delta import delta_dir, delta_package
+
+    coordinate = delta_package()
+    if coordinate is None:
+        print(f"fetch_jars: no Delta Lake release is built for pyspark {pyspark_version()}", file=sys.stderr)
+        return 1
+    try:
+        print(fetch(coordinate, delta_dir(), keep_spark_own=True))
+    except Refused as e:
+        print(f"fetch_jars: Delta Lake {coordinate} not fetched: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    """Fetch the sets named in `argv` (default: both).
+    """Fetch the sets named in `argv` (default: Kafka's connector and broker).
 
     With no argument (as `.ci/run` calls it) a connector Maven does not serve for the installed
     pyspark is reported in one line and is not an error (no test needs it yet); naming
-    `connector` makes it one. The broker's jars are always required.
+    `connector` makes it one. The broker's jars are always required; Delta's when named.
     """
+    unknown = set(argv) - {"connector", "broker", "delta"}
+    if unknown:
+        print(f"fetch_jars: unknown set(s) {sorted(unknown)}; name connector, broker or delta", file=sys.stderr)
+        return 2
     which = set(argv) or {"connector", "broker"}
-    code = 0
+    code = fetch_delta() if "delta" in which else 0
     if "broker" in which:
         try:
             print(fetch(f"org.apache.kafka:kafka_2.13:{BROKER_VERSION}", broker_dir()))

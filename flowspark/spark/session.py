@@ -390,8 +390,8 @@ def get_session(
         conf: Extra settings for a new session (over `DEFAULT_CONF`).
         new_conf: Called only when a new classic session is created (not for an active
             session nor Spark Connect), for settings that must be there before the JVM
-            starts and whose lookup may fail (a Kafka flow's `spark.jars`:
-            `flowspark.spark.io.kafka.session_conf`).
+            starts and whose lookup may fail (a Kafka or Delta flow's `spark.jars` and
+            Delta's settings: `flowspark.spark.io.classpath.session_conf`).
 
     Returns:
         The session.

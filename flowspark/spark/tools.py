@@ -360,6 +360,10 @@ def read_state(
         raise FlowsparkError(msg)
     if not fs.isdir(join(query, "state")):
         return meta, {}
+    # Spark's RocksDB state reader asks the driver's StateStoreCoordinator, which a session has once its
+    # StreamingQueryManager exists: a session that never ran a stream has none (pyspark 4.2.0 then fails
+    # with CANNOT_LOAD_STATE_STORE, "Cannot find endpoint: ...StateStoreCoordinator").
+    _ = spark.streams
     reader = spark.read.format("statestore")
     if batch_id is not None:
         reader = reader.option("batchId", batch_id)

@@ -757,10 +757,10 @@ def run_plan(
         msg = f"flowspark.spark.run: start_time must be an aware datetime; received {start_time!r}"
         raise FlowsparkTypeError(msg)
     if spark is None:
-        from flowspark.spark.io.kafka import session_conf
+        from flowspark.spark.io.classpath import session_conf
         from flowspark.spark.session import get_session
 
-        spark = get_session(new_conf=lambda: session_conf(plan))  # a Kafka sink's connector jars
+        spark = get_session(new_conf=lambda: session_conf(plan))  # Kafka's or Delta's jars, Delta's settings
     ensure_workers(spark)
     if partitions is None:
         partitions = int(spark.conf.get("spark.sql.shuffle.partitions") or 2)

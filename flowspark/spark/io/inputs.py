@@ -34,13 +34,15 @@ _SPLIT_COLUMN = "__flowspark_split"
 #: The formats whose malformed rows flowspark catches.
 _PERMISSIVE_FORMATS = ("json", "csv")
 
-_FORMATS = ("parquet", "json", "csv", "orc", "text", "table", "dataframe")
+_FORMATS = ("parquet", "json", "csv", "orc", "text", "delta", "table", "dataframe")
+#: Formats whose data carries its own schema (a given one is refused).
+_SELF_DESCRIBED = ("delta",)
 #: Formats that only exist as streams (`streaming=True`).
 _STREAM_ONLY = ("rate", "socket")
 
 
 class SparkSource(Source[dict[str, Any]]):
-    """Read parquet / json / csv / orc files, a table or an existing DataFrame; one dict item per row.
+    """Read parquet / json / csv / orc files, a Delta table, a table or a DataFrame; one dict item per row.
 
     Items are the rows as plain dicts (`{"column": value, ...}`), stamped with
     their position (Spark partition, row within it), so the order of each input
@@ -48,15 +50,17 @@ class SparkSource(Source[dict[str, Any]]):
 
     Args:
         format: `"parquet"`, `"json"`, `"csv"`, `"orc"`, `"text"` (a file format read with
-            `spark.read`), `"table"` (`path` is the table name) or `"dataframe"`
-            (use `SparkSource.from_dataframe`).
+            `spark.read`), `"delta"` (a Delta Lake table's directory, read with Spark's
+            `format("delta")`; docs/howto/delta.md), `"table"` (`path` is the table name) or
+            `"dataframe"` (use `SparkSource.from_dataframe`).
         path: File or directory (or glob) to read, or the table name.
         schema: A `pyspark.sql.types.StructType` or a DDL string (`"a INT, b STRING"`);
-            default: Spark's inference.
+            default: Spark's inference (a Delta table's own schema; none may be given).
         options: Reader options (e.g. `{"header": "true"}` for csv).
         streaming: Read with `spark.readStream`: an unbounded source (new files in the
             directory are picked up as they appear; `"table"` reads the table as a stream,
-            `spark.readStream.table(path)`; also `"rate"` and `"socket"`); the flow then runs
+            `spark.readStream.table(path)`; `"delta"` each commit to the table; also `"rate"` and
+            `"socket"`); the flow then runs
             as a Structured Streaming query (see docs/streaming.md). File formats need
             `schema` when streaming. A `from_dataframe` source streams when its DataFrame does.
 
@@ -89,7 +93,13 @@ class SparkSource(Source[dict[str, Any]]):
         self.options = dict(options or {})
         self.streaming = bool(streaming)
         self._df: Any = None
-        if self.streaming and format not in (*_STREAM_ONLY, "table", "dataframe") and schema is None:
+        if format in _SELF_DESCRIBED and schema is not None:
+            msg = (
+                f"SparkSource({format!r}, {path!r}): a Delta table carries its own schema; received "
+                f"schema={short_repr(schema)}; leave schema out (select columns in a later step)"
+            )
+            raise FlowsparkTypeError(msg)
+        if self.streaming and format not in (*_STREAM_ONLY, *_SELF_DESCRIBED, "table", "dataframe") and schema is None:
             msg = (
                 f"SparkSource({format!r}, {path!r}, streaming=True) needs a schema (Spark does not infer "
                 "schemas of streamed files); pass schema='a STRING, b LONG' or a StructType"
@@ -247,7 +257,15 @@ def load_rows(
         `(rows, dead rows or None)`; `None` also with `keep`, and when flowspark does not
         catch the source's malformed rows (`SparkSource.load_checked`).
     """
-    df = source.load_checked(spark)
+    try:
+        df = source.load_checked(spark)
+    except Exception as e:
+        from flowspark.spark.io.delta import missing_delta
+
+        err = missing_delta(e, step_id) if source.format == "delta" else None
+        if err is not None:
+            raise err from e
+        raise
     if CORRUPT_COLUMN not in df.columns:
         return df, None
     from pyspark.sql import functions as F  # noqa: N812

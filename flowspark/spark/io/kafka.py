@@ -13,12 +13,12 @@ Without the connector, `flowspark.spark.run` fails with a one-line
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Optional, Union
 
 from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
 from flowspark.spark.io.inputs import SparkSource
+from flowspark.spark.io.jars import cached_jars, jars_root
 from flowspark.spark.io.outputs import SparkSink
 
 __all__ = [
@@ -84,9 +84,7 @@ def connector_dir() -> Path:
     """
     import pyspark
 
-    env = os.environ.get("FLOWSPARK_JARS_DIR")
-    root = Path(env) if env else Path.home() / ".cache" / "flowspark" / "jars"
-    return root / f"kafka-{pyspark.__version__}"
+    return jars_root() / f"kafka-{pyspark.__version__}"
 
 
 def connector_jars() -> Optional[list[str]]:
@@ -97,11 +95,7 @@ def connector_jars() -> Optional[list[str]]:
     Returns:
         The jar paths, sorted, or `None`.
     """
-    d = connector_dir()
-    if not (d / ".complete").is_file():
-        return None
-    jars = sorted(str(j) for j in d.glob("*.jar"))
-    return jars or None
+    return cached_jars(connector_dir())
 
 
 def kafka_steps(plan: Any) -> list[str]:

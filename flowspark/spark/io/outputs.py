@@ -15,25 +15,30 @@ from flowspark.deadletter import FIELDS, SCHEMA, DeadLetterDir, DeadLetters
 from flowspark.errors import FlowsparkError, FlowsparkTypeError, short_repr, step_error
 from flowspark.outputs import Sink
 from flowspark.spark.compat import inferred_schema
+from flowspark.spark.io.delta import missing_delta
 from flowspark.spark.worker.codec import decode_task_error
 from flowspark.spark.worker.stage import not_dict_error
 
 __all__ = ["ForeachBatchSink", "SparkDeadLetters", "SparkSink", "infer_schema", "write_rows"]
 
-_FORMATS = ("parquet", "json", "csv", "orc", "table")
+_FORMATS = ("parquet", "json", "csv", "orc", "delta", "table")
+#: The formats Spark's file sink writes (its `_spark_metadata` log in the directory).
+_FILE_FORMATS = ("parquet", "json", "csv", "orc")
 _MODES = ("overwrite", "append", "error", "errorifexists", "ignore")
 
 
 class SparkSink(Sink[dict[str, Any]]):
-    """Write dict items as rows: a parquet / json / csv / orc directory or a table.
+    """Write dict items as rows: a parquet / json / csv / orc directory, a Delta table or a table.
 
     In a stream (docs/streaming.md), a `SparkSink` with a `schema` that is the flow's only
-    output is Spark's streaming file sink, or `toTable` for a table (exactly-once with the
-    checkpoint); without a schema, or next to other outputs, each micro-batch is appended
-    with Spark's batch writer (at-least-once). A table is written in its existing format.
+    output is Spark's streaming file sink, Delta Lake's streaming sink for `"delta"`, or
+    `toTable` for a table (exactly-once with the checkpoint); without a schema, or next to
+    other outputs, each micro-batch is appended with Spark's batch writer (at-least-once). A
+    table is written in its existing format.
 
     Args:
-        format: `"parquet"`, `"json"`, `"csv"`, `"orc"` or `"table"` (`path` is the table name).
+        format: `"parquet"`, `"json"`, `"csv"`, `"orc"`, `"delta"` (a Delta Lake table's
+            directory; docs/howto/delta.md) or `"table"` (`path` is the table name).
         path: Output directory, or the table name.
         schema: A `pyspark.sql.types.StructType` or a DDL string for the rows; default:
             inferred from up to 100 items (in a stream: of the first micro-batch with
@@ -72,6 +77,11 @@ class SparkSink(Sink[dict[str, Any]]):
         self.mode = mode
         self.options = dict(options or {})
         self.partition_by = list(partition_by or [])
+
+    @property
+    def file_sink(self) -> bool:
+        """Whether a stream writes it with Spark's file sink (a file format; its log in `path/_spark_metadata`)."""
+        return self.format in _FILE_FORMATS
 
     def write(self, df: Any) -> None:
         """Write `df` (a DataFrame of the rows) as described (a bounded run).
@@ -194,6 +204,7 @@ def write_rows(step_id: str, sink: Any, df: Any, batch_id: Optional[int] = None)
     Raises:
         FlowsparkRuntimeError: The write (or the user's function) failed; a row that did not
             fit the schema, found inside a Spark task, keeps its own error.
+        FlowsparkCompileError: A Delta sink in a session without Delta Lake.
     """
     try:
         if batch_id is None:
@@ -206,6 +217,9 @@ def write_rows(step_id: str, sink: Any, df: Any, batch_id: Optional[int] = None)
         err = decode_task_error(str(e))
         if err is not None:
             raise err from err.__cause__
+        lacks = missing_delta(e, step_id) if getattr(sink, "format", None) == "delta" else None
+        if lacks is not None:
+            raise lacks from e
         raise step_error(step_id, e) from e
 
 

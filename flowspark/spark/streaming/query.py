@@ -523,7 +523,7 @@ class StreamingRun:
         if self.dead_dir is not None:
             files = self._spark_writer_sink()
             skips = None
-            if files is not None and files.sink.format not in ("kafka", "table"):
+            if files is not None and files.sink.file_sink:
                 skips = file_sink_written(files.sink.path)
             # Their micro-batches run again (unless Spark's file sink already wrote them: it skips them).
             clear_uncommitted(self.dead_dir, self.checkpoint, skips)
@@ -552,9 +552,12 @@ class StreamingRun:
         try:
             self.query = w.start() if to_table is None else w.toTable(to_table)
         except Exception as e:
+            from flowspark.spark.io.delta import missing_delta
             from flowspark.spark.io.kafka import missing_jar
 
             err = missing_jar(e)
+            if err is None and writer is not None and writer.sink.format == "delta":
+                err = missing_delta(e, writer.step_id)
             if err is not None:
                 raise err from e
             raise
@@ -617,7 +620,7 @@ class StreamingRun:
         the client, and the server checks nothing: that case is left to the user (docs/streaming.md).
         """
         writer = self._spark_writer_sink()
-        if writer is None or writer.sink.format in ("kafka", "table"):
+        if writer is None or not writer.sink.file_sink:
             return
         path = writer.sink.path
         if self.connect and not is_local(path):

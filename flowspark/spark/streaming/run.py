@@ -153,11 +153,11 @@ def run_streaming(
     ship_user_modules()
     plan = compile_streaming(flow).with_dead_letter(dead_sink)
     steps = [ks.step_id for ks in plan.keyed_steps()]
-    from flowspark.spark.io.kafka import session_conf
+    from flowspark.spark.io.classpath import session_conf
     from flowspark.spark.session import get_session
 
     def new_conf() -> dict[str, str]:
-        return session_conf(plan)  # a Kafka flow's connector jars, when flowspark creates the session
+        return session_conf(plan)  # Kafka's or Delta's jars (and Delta's settings), when flowspark creates the session
 
     if spark is None and not is_local(checkpoint):
         spark = get_session(new_conf=new_conf)  # its Hadoop file systems open the checkpoint
