@@ -131,6 +131,14 @@ def test_available_now_through_connect_processes_every_file_there_at_its_start(s
     assert res["streamed"] == res["expected"]
 
 
+def test_the_guides_connect_example_runs(server, tmp_path):
+    """docs/howto/connect.md's Python block: a batch job and a stream through the server, each run_main's per key."""
+    res = _scenario("docs_connect", server, tmp_path)
+    expected = per_key(tuple(x) for x in res["expected"])
+    assert per_key(tuple(x) for x in res["batch"]) == expected
+    assert per_key(tuple(x) for x in res["streamed"]) == expected
+
+
 def test_cli_run_remote(server, tmp_path):
     flow = tmp_path / "cliflow.py"
     flow.write_text(
