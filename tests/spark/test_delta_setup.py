@@ -214,3 +214,33 @@ def test_flowspark_plan_spark_opens_its_session_with_deltas_jars_and_settings(tm
     with pytest.raises(RuntimeError, match="no session in this test"):
         main(["plan", "dplan.py", "--spark"])
     assert asked == [{**delta.DELTA_CONF, "spark.jars": str(d / "delta-spark.jar")}]
+
+
+def test_a_restart_keeps_the_dead_letters_of_a_micro_batch_deltas_sink_already_committed(tmp_path):
+    """Delta's sink skips a replayed micro-batch its log holds (this query's `txn`): its dead rows stay.
+
+    The checkpoint committed micro-batches 0-2; Delta's log holds micro-batch 3 of this query
+    (the kill came between Delta's commit and the checkpoint's) and 9 of another query.
+    """
+    import json
+
+    from flowspark.deadletter import DeadLetterDir
+    from flowspark.spark.streaming.deadletter import clear_uncommitted, delta_sink_written
+
+    chk, table, dead = tmp_path / "chk", tmp_path / "table", tmp_path / "dead"
+    (chk / "query" / "commits").mkdir(parents=True)
+    for n in range(3):
+        (chk / "query" / "commits" / str(n)).write_text("v1\n{}\n")
+    (chk / "query" / "metadata").write_text(json.dumps({"id": "q-1"}) + "\n")
+    (table / "_delta_log").mkdir(parents=True)
+    for version, txn in enumerate([{"appId": "q-1", "version": 2}, {"appId": "q-1", "version": 3}, None]):
+        lines = [{"commitInfo": {}}, *([{"txn": {**txn, "lastUpdated": 1}}] if txn else [])]
+        (table / "_delta_log" / f"{version:020d}.json").write_text("\n".join(map(json.dumps, lines)) + "\n")
+    (table / "_delta_log" / f"{3:020d}.json").write_text(json.dumps({"txn": {"appId": "q-2", "version": 9}}) + "\n")
+    for n in (2, 3, 4):
+        (dead / f"batch_id={n}").mkdir(parents=True)
+    written = delta_sink_written(str(table), str(chk))
+    assert [n for n in range(11) if written(n)] == [0, 1, 2, 3]
+    assert clear_uncommitted(DeadLetterDir(str(dead)), str(chk), written) == [4]
+    assert sorted(os.listdir(dead)) == ["batch_id=2", "batch_id=3"]
+    assert not delta_sink_written(str(tmp_path / "none"), str(chk))(0)

@@ -16,6 +16,7 @@ which Spark's micro-batch execution sets for every job of a micro-batch.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from flowspark.spark.worker.codec import encode_task_error, loads_all
 __all__ = [
     "MalformedRows",
     "clear_uncommitted",
+    "delta_sink_written",
     "file_sink_written",
     "keep_in_dir",
     "keep_in_driver",
@@ -184,8 +186,9 @@ def clear_uncommitted(
 
     Such a micro-batch (stopped or killed before its commit) is replayed by the next
     run, which writes its rows again. Except when the query's writer had already
-    committed it (`written`): Spark's file sink then skips the replayed micro-batch
-    without computing it, so its dead rows would not be written again; they are kept.
+    committed it (`written`): Spark's file sink (`file_sink_written`) and Delta's
+    streaming sink (`delta_sink_written`) then skip the replayed micro-batch without
+    computing it, so its dead rows would not be written again; they are kept.
 
     Args:
         sink: The dead-letter directory.
@@ -224,5 +227,40 @@ def file_sink_written(path: str) -> Callable[[int], bool]:
 
     def written(n: int) -> bool:
         return bool(fs.exists(join(log, str(n))) or fs.exists(join(log, f"{n}.compact")))
+
+    return written
+
+
+def delta_sink_written(path: str, checkpoint: str) -> Callable[[int], bool]:
+    """Whether Delta's streaming sink writing the table at `path` committed a micro-batch of this query.
+
+    Delta records each micro-batch it commits as a `txn` action (the query's id from
+    `<checkpoint>/query/metadata`, the micro-batch id) in the table's log, and skips a replayed
+    micro-batch it already holds without computing it, as Spark's file sink does.
+
+    Args:
+        path: The Delta table's directory.
+        checkpoint: The query's checkpoint (`DIR`; Spark's logs under `DIR/query`).
+
+    Returns:
+        `written(batch_id) -> bool`.
+    """
+    meta = join(checkpoint, "query", "metadata")
+    fs = files(checkpoint)
+    query_id = json.loads(fs.read_text(meta).splitlines()[0]).get("id") if fs.exists(meta) else None
+    log = join(path, "_delta_log")
+    lfs = files(log)
+    last = -1
+    if query_id is not None and lfs.isdir(log):
+        for name in sorted((n for n in lfs.listdir(log) if n.endswith(".json")), reverse=True):
+            for line in lfs.read_text(join(log, name)).splitlines():
+                txn = json.loads(line).get("txn") if line.strip() else None
+                if txn is not None and txn.get("appId") == query_id:
+                    last = max(last, int(txn["version"]))
+            if last >= 0:
+                break  # the newest commit of this query holds its highest micro-batch id
+
+    def written(n: int) -> bool:
+        return n <= last
 
     return written

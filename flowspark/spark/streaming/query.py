@@ -41,6 +41,7 @@ from flowspark.spark.streaming.ckfs import is_local
 from flowspark.spark.streaming.deadletter import (
     MalformedRows,
     clear_uncommitted,
+    delta_sink_written,
     file_sink_written,
     keep_in_dir,
     keep_in_driver,
@@ -525,6 +526,8 @@ class StreamingRun:
             skips = None
             if files is not None and files.sink.file_sink:
                 skips = file_sink_written(files.sink.path)
+            elif files is not None and files.sink.format == "delta":
+                skips = delta_sink_written(files.sink.path, self.checkpoint)
             # Their micro-batches run again (unless Spark's file sink already wrote them: it skips them).
             clear_uncommitted(self.dead_dir, self.checkpoint, skips)
         last = self.build_routed() if self.routes is not None else self.build()
