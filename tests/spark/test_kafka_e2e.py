@@ -382,9 +382,25 @@ def test_kafka_anomalies_example(ks, tmp_path):
 # -- kill -9 of the driver mid-stream, restart from the checkpoint -------------------------------
 
 
-def test_kill_9_then_restart_state_exact_kafka_sink_at_least_once(ks, tmp_path):
-    """What a consumer of the sink topic sees after a crash: every count once or more; the extra
-    records are the replayed micro-batch's (at most its 50 records), each a copy of one already written."""
+def _end_offsets(consumer, topic: str) -> int:
+    """How many records `topic` holds (the sum of its partitions' end offsets)."""
+    from kafka import TopicPartition
+
+    parts = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic) or ()]
+    return sum(consumer.end_offsets(parts).values()) if parts else 0
+
+
+def test_kill_9_three_times_then_restart_state_exact_kafka_sink_at_least_once(ks, tmp_path):
+    """What a consumer of the sink topic sees after crashes: every count once or more, none skipped.
+
+    A record is written twice only when a kill lands after its micro-batch wrote to the topic and
+    before the checkpoint committed it: the restart runs that micro-batch again. Each of the three
+    kills is aimed at that window (the topic holds records past the committed micro-batches' 50
+    each), after the run committed a micro-batch of its own; a kill the window escapes (it lasts
+    from the Kafka write to the commit, tens of milliseconds) lands between micro-batches and
+    duplicates nothing. So the duplicates are exactly the records in flight at the aimed kills,
+    at most 50 per kill, each written at most twice.
+    """
     import os
     import signal
     import subprocess
@@ -392,36 +408,115 @@ def test_kill_9_then_restart_state_exact_kafka_sink_at_least_once(ks, tmp_path):
     from collections import Counter
 
     import kafka_driver
+    from kafka import KafkaConsumer
 
     spark, kafka = ks
     src, dst = kafka.create_topic("kill_in"), kafka.create_topic("kill_out")
-    _produce(kafka, src, [(f"user{i % 6}", json.dumps({"i": i}), []) for i in range(600)])
+    _produce(kafka, src, [(f"user{i % 6}", json.dumps({"i": i}), []) for i in range(900)])
     chk = tmp_path / "chk"
     commits = chk / "query" / "commits"
     script = Path(__file__).with_name("kafka_driver.py")
-    proc = subprocess.Popen(
-        [sys.executable, str(script), kafka.bootstrap, src, dst, str(chk)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 240
-    while proc.poll() is None and time.monotonic() < deadline:
-        if commits.is_dir() and len([f for f in os.listdir(commits) if f.isdigit()]) >= 3:
-            break
-        time.sleep(0.02)
-    killed = proc.poll() is None
-    if killed:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(timeout=60)
-    assert killed, "the driver ended before it could be killed; produce more records"
-    assert len([f for f in os.listdir(commits) if f.isdigit()]) < 12, "every micro-batch was committed before the kill"
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap)
+
+    def committed() -> int:
+        return len([f for f in os.listdir(commits) if f.isdigit()]) if commits.is_dir() else 0
+
+    in_flight_at_kills = []
+    replayed = 0  # records of replayed micro-batches already in the topic before their replay
+    for _kill in range(3):
+        start = committed()
+        proc = subprocess.Popen(
+            [sys.executable, str(script), kafka.bootstrap, src, dst, str(chk)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 240
+        in_flight = 0
+        while proc.poll() is None and time.monotonic() < deadline:
+            done = committed()
+            if done > start:
+                in_flight = _end_offsets(consumer, dst) - replayed - 50 * done
+                if in_flight > 0 or done >= start + 4:  # aimed, or the window escaped four times
+                    break
+            time.sleep(0.005)
+        alive = proc.poll() is None
+        if alive:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        assert alive, "the driver ended before it could be killed; produce more records"
+        in_flight = max(in_flight, 0)
+        in_flight_at_kills.append(in_flight)
+        replayed += _end_offsets(consumer, dst) - replayed - 50 * committed()  # what the kill left uncommitted
+    consumer.close()
+    assert committed() < 18, "every micro-batch was committed before the last kill"
     _run(kafka_driver.build(kafka.bootstrap, src, dst), spark, chk)
 
     got = Counter((m.key.decode(), json.loads(m.value)) for m in _consume(kafka, dst))
-    # state exact: each key counted 1..100, none skipped, none counted twice
-    assert set(got) == {(f"user{k}", n) for k in range(6) for n in range(1, 101)}
-    # at least once: the replayed micro-batch's records may be written twice, never more
+    # state exact: each key counted 1..150, none skipped, none counted twice
+    assert set(got) == {(f"user{k}", n) for k in range(6) for n in range(1, 151)}
+    # at least once: a replayed micro-batch's records are written twice, never more
     extra = sum(got.values()) - len(got)
     assert max(got.values()) <= 2
-    assert extra <= 50
+    assert extra == replayed, (extra, replayed, in_flight_at_kills)
+    assert extra <= 3 * 50
+    assert any(n > 0 for n in in_flight_at_kills), f"no kill landed in a write-to-commit window: {in_flight_at_kills}"
+
+
+# -- a partition added to the topic while the query runs ------------------------------------------
+
+
+def test_a_partition_added_mid_stream_is_picked_up(ks, tmp_path):
+    """A running query (a processing-time trigger) reads a partition added to its topic, from its first record."""
+    import threading
+    import time
+
+    from kafka import KafkaConsumer, KafkaProducer
+    from kafka.admin import KafkaAdminClient, NewPartitions
+
+    from flowspark.spark import run
+
+    spark, kafka = ks
+    src, dst = kafka.create_topic("grow_in", partitions=2), kafka.create_topic("grow_out")
+    flow = _plain_count_flow(KafkaSource(kafka.bootstrap, src), KafkaSink(kafka.bootstrap, dst))
+    _produce(kafka, src, _records(10))
+    failed: list[BaseException] = []
+
+    def stream() -> None:
+        try:
+            run(flow, spark=spark, checkpoint=str(tmp_path / "chk"), trigger="1 second", progress=False, timeout=240)
+        except BaseException as e:  # noqa: BLE001 (the test thread reports it)
+            failed.append(e)
+
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap)
+
+    def wait_for(n: int) -> int:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not failed and _end_offsets(consumer, dst) < n:
+            time.sleep(0.1)
+        return _end_offsets(consumer, dst)
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    try:
+        assert wait_for(10) == 10, failed
+        admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+        admin.create_partitions({src: NewPartitions(3)})
+        admin.close()
+        producer = KafkaProducer(bootstrap_servers=kafka.bootstrap)
+        for i in range(10, 16):  # keys of their own, only in the new partition
+            producer.send(src, key=f"late{i % 2}".encode(), value=json.dumps({"seq": i}).encode(), partition=2)
+        producer.flush()
+        producer.close()
+        assert wait_for(16) == 16, failed
+    finally:
+        for q in spark.streams.active:
+            q.stop()
+        thread.join(timeout=120)
+        consumer.close()
+    assert not failed, failed
+    read = sorted(_consume(kafka, src), key=lambda m: (m.partition, m.offset))
+    assert [m.offset for m in read if m.partition == 2] == list(range(6))
+    out: list[Any] = []
+    run_main(_plain_count_flow(TestingSource(_as_source_items(read)), TestingSink(out)))
+    assert _kv(_consume(kafka, dst)) == per_key((r["key"], json.loads(r["value"])) for r in out)
