@@ -13,7 +13,9 @@ What it does:
 4. runs `PYSPARK/bin/spark-submit --master URL --py-files flow.zip ... driver.py`
    (`--dry-run` prints that exact command instead, one shell-quoted line);
    a flow that reads or writes Kafka gets `--packages` with Spark's Kafka
-   connector (`KAFKA_PACKAGE`) unless `--conf spark.jars.packages=...` is given.
+   connector (`KAFKA_PACKAGE`), one that reads or writes Delta Lake the Delta
+   build for this pyspark (`flowspark.spark.io.delta.delta_package()`) and
+   Delta's two settings, unless `--conf spark.jars.packages=...` is given.
 
 The driver and the executors use this Python (`sys.executable`) unless
 `--archives env.tar.gz#environment` ships a packed environment, in which case
@@ -245,6 +247,37 @@ def _archive_alias(archives: list[str]) -> Optional[str]:
     return None
 
 
+def _packages(flow: Any, plan: Any, conf: dict[str, str]) -> list[str]:
+    """The Maven packages `flow` needs on the cluster; Delta's two settings go into `conf` (unless given).
+
+    Raises:
+        SubmitError: The flow reads or writes Delta and no Delta release is built for this pyspark.
+    """
+    from flowspark.spark.io.classpath import delta_steps
+    from flowspark.spark.io.delta import DELTA_CONF, delta_package
+
+    packages = []
+    if _reads_or_writes_kafka(flow):
+        from flowspark.spark.io.kafka import KAFKA_PACKAGE
+
+        packages.append(KAFKA_PACKAGE)
+    steps = delta_steps(plan)
+    if steps:
+        package = delta_package()
+        if package is None and "spark.jars.packages" not in conf:
+            msg = (
+                f"step {steps[0]!r} uses Delta Lake, and no Delta Lake release is built for the installed "
+                "pyspark; submit Delta flows from pyspark 4.2, or pass --conf spark.jars.packages=... with a "
+                "Delta Lake built for the cluster's Spark"
+            )
+            raise SubmitError(msg)
+        if package is not None:
+            packages.append(package)
+        for k, v in DELTA_CONF.items():
+            conf.setdefault(k, v)
+    return packages
+
+
 def _reads_or_writes_kafka(flow: Any) -> bool:
     """Tell whether a step of `flow` reads or writes Kafka (Spark's connector must then be shipped)."""
     from flowspark import ir
@@ -328,10 +361,9 @@ def submit(args: argparse.Namespace) -> int:
     cmd += ["--py-files", py_files]
     for a in args.archives:
         cmd += ["--archives", a]
-    if _reads_or_writes_kafka(flow) and "spark.jars.packages" not in conf:
-        from flowspark.spark.io.kafka import KAFKA_PACKAGE
-
-        cmd += ["--packages", KAFKA_PACKAGE]  # Spark's Kafka connector is not part of Spark's distribution
+    packages = _packages(flow, plan, conf)
+    if packages and "spark.jars.packages" not in conf:
+        cmd += ["--packages", ",".join(packages)]  # Kafka's connector, Delta Lake: not in Spark's distribution
     for k, v in conf.items():
         cmd += ["--conf", f"{k}={v}"]
     cmd.append(str(driver))
