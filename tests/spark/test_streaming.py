@@ -281,7 +281,6 @@ def test_checkpoint_keeps_the_timer_choice_it_was_made_with(tmp_path):
 def test_streaming_needs_a_checkpoint(tmp_path):
     from flowspark.errors import FlowsparkTypeError
     from flowspark.spark import run
-
     from flowspark.spark.streaming import run_streaming
 
     # A trigger asks for a streaming query; without a checkpoint the flow drains as a batch job.
