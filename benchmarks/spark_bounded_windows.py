@@ -15,6 +15,7 @@ user's values are out of order and some are late for a 10 s wait.
 Every flowspark output is compared row for row with the hand-written job's.
 
 Usage: python benchmarks/spark_bounded_windows.py [--events 1000000] [--keys 10000] [--repeat 1]
+       [--chart PNG] [--record FILE]
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import sys
 import tempfile
 from datetime import datetime, timedelta, timezone
 from typing import Any
+
+import chart  # benchmarks/chart.py: --chart PNG, --record FILE
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -63,6 +66,7 @@ def main() -> None:
     ap.add_argument("--keys", type=int, default=10_000)
     ap.add_argument("--master", default="local[2]")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of every job; the best time is reported")
+    chart.add_arguments(ap)
     args = ap.parse_args()
     n = args.events
 
@@ -138,6 +142,9 @@ def main() -> None:
     ref = best["hand-written Spark, same semantics"]
     for label, _job in jobs[:3]:
         print(f"{label}: {best[label] / ref:5.2f}x the hand-written job's time")
+    spark.stop()
+    title = f"Spark batch count per user and 10-minute window, {n:,} events, {args.keys:,} keys (best wall)"
+    chart.write(args, title, results)
 
 
 if __name__ == "__main__":
