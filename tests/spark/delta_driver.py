@@ -5,9 +5,10 @@ Usage: python delta_driver.py ROOT CHECKPOINT TABLE [OUT]
 flowspark creates the session (Delta's cached jars and its two settings in it). The stream
 reads the JSONL files under ROOT (`JsonlDirSource`, at most 100 items per micro-batch), counts
 each user's events and writes `{"user", "n"}` rows with Delta's streaming sink, `available_now`.
-With OUT, a batch flow then reads the table back (`SparkSource("delta", TABLE)`, `reader`),
-`flowspark plan --spark` plans it in this session, and OUT gets as JSON the flow's two outputs
-(every row, each user's highest count) and the plan's text.
+With OUT, a batch flow then reads the table back (`SparkSource("delta", TABLE)`, `reader`), a
+stream reads its commits (`stream_reader`), `flowspark plan --spark` plans the batch flow in this
+session, and OUT gets as JSON the batch flow's two outputs (every row, each user's highest
+count), the stream's rows and the plan's text.
 """
 
 from __future__ import annotations
@@ -53,6 +54,16 @@ def reader(table: str, rows: list, highest: list) -> Dataflow:
     return flow
 
 
+def stream_reader(table: str, rows: list) -> Dataflow:
+    """A stream reading the Delta table's commits (`SparkSource("delta", table, streaming=True)`) into `rows`."""
+    from flowspark.spark.io.inputs import SparkSource
+
+    flow = Dataflow("delta_stream_read")
+    s = op.input("inp", flow, SparkSource("delta", table, streaming=True))
+    op.output("rows", op.map("pair", s, lambda r: (r["user"], r["n"])), TestingSink(rows))
+    return flow
+
+
 def plan_flow() -> Dataflow:
     """`reader` of the table in `$FLOWSPARK_TEST_DELTA_TABLE` (for `flowspark plan --spark`)."""
     return reader(os.environ["FLOWSPARK_TEST_DELTA_TABLE"], [], [])
@@ -71,13 +82,16 @@ def main() -> None:
 
         rows: list = []
         highest: list = []
+        streamed: list = []
         run(reader(table, rows, highest))
+        run(stream_reader(table, streamed), checkpoint=f"{chk}-read", trigger="available_now", progress=False)
         os.environ["FLOWSPARK_TEST_DELTA_TABLE"] = table
         plan = io.StringIO()
         with contextlib.redirect_stdout(plan):
             code = cli(["plan", f"{os.path.abspath(__file__)}:plan_flow()", "--spark"])
         with open(sys.argv[4], "w") as f:
-            json.dump({"rows": rows, "highest": highest, "plan": plan.getvalue(), "plan_code": code}, f)
+            doc = {"rows": rows, "highest": highest, "streamed": streamed}
+            json.dump({**doc, "plan": plan.getvalue(), "plan_code": code}, f)
 
 
 if __name__ == "__main__":

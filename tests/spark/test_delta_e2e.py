@@ -1,11 +1,11 @@
-"""Delta Lake end to end: a stream into `SparkSink("delta")` killed -9 and restarted, read back in batch.
+"""Delta Lake end to end: a stream into `SparkSink("delta")` killed -9 and restarted, read back.
 
 Each Spark run is a subprocess whose session flowspark creates (Delta's cached jars and its
 two settings, `flowspark.spark.io.classpath.session_conf`): `delta_driver.py` runs the stream
 (killed -9 once some micro-batches are committed, then restarted from the checkpoint), reads
-the table back with a batch flow over `SparkSource("delta")` and plans that flow with
-`flowspark plan --spark`. The outputs equal `run_main` over the same events; `flowspark state`
-reads the stream's checkpoint here.
+the table back with a batch flow over `SparkSource("delta")` and with a stream of its commits,
+and plans the batch flow with `flowspark plan --spark`. The outputs equal `run_main` over the
+same events; `flowspark state` reads the stream's checkpoint here.
 
 No Delta Lake release is built for pyspark 4.3: there these tests skip, with the one command
 that runs them (`python -m nox -s kafka`, pyspark 4.2.0 with Delta 4.4.0). Where Delta is
@@ -129,6 +129,11 @@ def test_a_batch_flow_reads_the_delta_table(crashed):
     for user, n in crashed["want"]:
         last[user] = max(last.get(user, 0), n)
     assert sorted(tuple(r) for r in crashed["read"]["highest"]) == sorted(last.items())
+
+
+def test_a_stream_reads_the_delta_tables_commits(crashed):
+    """`SparkSource("delta", streaming=True)`, `available_now`, a new checkpoint: every row of every commit, once."""
+    assert sorted(tuple(r) for r in crashed["read"]["streamed"]) == crashed["want"]
 
 
 def test_flowspark_state_reads_the_checkpoint_of_a_delta_stream(crashed, spark, capsys):

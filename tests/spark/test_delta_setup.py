@@ -244,3 +244,21 @@ def test_a_restart_keeps_the_dead_letters_of_a_micro_batch_deltas_sink_already_c
     assert clear_uncommitted(DeadLetterDir(str(dead)), str(chk), written) == [4]
     assert sorted(os.listdir(dead)) == ["batch_id=2", "batch_id=3"]
     assert not delta_sink_written(str(tmp_path / "none"), str(chk))(0)
+
+
+@pytest.mark.spark
+def test_a_session_without_delta_gives_one_line_naming_the_step(spark, tmp_path):
+    """The tests' session has no Delta: writing or reading `"delta"` stops in one line, no Java trace."""
+    from flowspark.spark import run
+
+    write = Dataflow("dwrite")
+    op.output("out", op.input("inp", write, TestingSource([{"a": 1}])), SparkSink("delta", str(tmp_path / "t")))
+    with pytest.raises(FlowsparkCompileError) as info:
+        run(write, spark=spark)
+    assert str(info.value).startswith("step 'dwrite.out' uses Delta Lake, and this session lacks it")
+    read = Dataflow("dread")
+    op.output("out", op.input("inp", read, SparkSource("delta", str(tmp_path))), TestingSink([]))
+    with pytest.raises(FlowsparkCompileError) as info:
+        run(read, spark=spark)
+    assert str(info.value).startswith("step 'dread.inp' uses Delta Lake, and this session lacks it")
+    assert "\n" not in str(info.value)

@@ -230,6 +230,8 @@ class _Job:
             if spec.stage_id not in self.loaded:
                 try:
                     df, bad = load_rows(src, self.spark, sid, self.plan.dead_letter is not None)
+                except FlowsparkCompileError:
+                    raise  # names the step and the fix already (a session without Delta)
                 except Exception as e:
                     raise _fail(sid, e) from e
                 self.loaded[spec.stage_id] = df
