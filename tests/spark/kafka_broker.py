@@ -116,7 +116,9 @@ def broker(workdir: Path) -> Iterator[Broker]:
     logs = workdir / "logs"
     props = workdir / "server.properties"
     props.write_text(_PROPERTIES.format(port=port, controller=controller, logs=logs))
-    cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    cluster = "-"
+    while cluster.startswith("-"):  # StorageTool would read an id starting with "-" as an option
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
     fmt = subprocess.run(
         ["java", "-cp", cp, "kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(props)],
         capture_output=True,
