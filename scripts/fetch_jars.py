@@ -24,13 +24,15 @@ A directory holding a ``.complete`` marker is not fetched again. Usage::
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from flowspark.spark.io.jars import jars_root
+from flowspark.spark.io.kafka import connector_dir
 
 BROKER_VERSION = "3.9.1"
 
@@ -51,12 +53,6 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 """
 
 
-def jars_root() -> Path:
-    """The cache directory (``$FLOWSPARK_JARS_DIR`` or ``~/.cache/flowspark/jars``)."""
-    env = os.environ.get("FLOWSPARK_JARS_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "flowspark" / "jars"
-
-
 def pyspark_version() -> str:
     """The installed pyspark's version."""
     from importlib.metadata import version
@@ -72,11 +68,6 @@ def scala_version() -> str:
     jars = Path(spec.origin).parent / "jars" if spec is not None and spec.origin else None
     found = sorted(jars.glob("spark-core_*.jar")) if jars is not None and jars.is_dir() else []
     return found[0].name.split("_")[1].split("-")[0] if found else "2.13"
-
-
-def connector_dir() -> Path:
-    """Where Spark's Kafka connector jars are kept for the installed pyspark."""
-    return jars_root() / f"kafka-{pyspark_version()}"
 
 
 def broker_dir() -> Path:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Optional
 
 from flowspark.errors import FlowsparkCompileError
-from flowspark.spark.io.jars import cached_jars, jars_root
+from flowspark.spark.io.jars import cached_jars, set_dir
 
 __all__ = [
     "DELTA_CONF",
@@ -77,9 +77,7 @@ def delta_dir() -> Path:
     Returns:
         The directory (it may not exist).
     """
-    import pyspark
-
-    return jars_root() / f"delta-{pyspark.__version__}"
+    return set_dir("delta")
 
 
 def delta_jars() -> Optional[list[str]]:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-__all__ = ["cached_jars", "jars_root"]
+__all__ = ["cached_jars", "jars_root", "set_dir"]
 
 
 def jars_root() -> Path:
@@ -22,6 +22,20 @@ def jars_root() -> Path:
     """
     env = os.environ.get("FLOWSPARK_JARS_DIR")
     return Path(env) if env else Path.home() / ".cache" / "flowspark" / "jars"
+
+
+def set_dir(name: str) -> Path:
+    """The directory of set `name` for the installed pyspark: `jars_root()/<name>-<pyspark version>`.
+
+    Args:
+        name: The set (`"kafka"`, `"delta"`).
+
+    Returns:
+        The directory (it may not exist).
+    """
+    import pyspark
+
+    return jars_root() / f"{name}-{pyspark.__version__}"
 
 
 def cached_jars(d: Path) -> Optional[list[str]]:

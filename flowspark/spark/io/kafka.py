@@ -18,7 +18,7 @@ from typing import Any, Optional, Union
 
 from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
 from flowspark.spark.io.inputs import SparkSource
-from flowspark.spark.io.jars import cached_jars, jars_root
+from flowspark.spark.io.jars import cached_jars, set_dir
 from flowspark.spark.io.outputs import SparkSink
 
 __all__ = [
@@ -82,9 +82,7 @@ def connector_dir() -> Path:
     Returns:
         The directory (it may not exist).
     """
-    import pyspark
-
-    return jars_root() / f"kafka-{pyspark.__version__}"
+    return set_dir("kafka")
 
 
 def connector_jars() -> Optional[list[str]]:
