@@ -12,6 +12,11 @@ end of input emits (`*_final` operators, windows and `collect` closing at EOF, `
 state layouts, which must give the same results; a case whose plan has no keyed stage keeps no
 keyed state, runs the same query on every layout, and is skipped there (saying so).
 
+A case marked `notimpl` on spark-streaming for output only end of input emits (`at_eof_only`,
+marker argument `end_of_input=True`) runs there, and must fail there as marked; every other
+streaming runtime (the layouts, rules off, Spark Connect) skips it, saying so: a stream never
+reaches end of input on any of them, so such a run could only prove that failure again.
+
 "spark-rules-none" and "spark-streaming-rules-none" run the same lowerings with every
 optimizer rule switched off (`rules="none"`, the reference lowering): each rule's fast path must
 give the results the reference does (`flowspark.spark.rules.optimizer`). They behave as "spark" and
@@ -134,6 +139,11 @@ def runtime(request, tmp_path):
             why = lacks(PYTHON_STREAM_SOURCE)
             if why is not None:  # tests/spark/test_versions.py checks the error such a run gives
                 pytest.skip(f"the cases stream TestingSources: {why}")
+            if request.param != "spark-streaming" and _ends_at_end_of_input(request.node):
+                pytest.skip(
+                    "expects what only end of input emits, which a stream never reaches: the case fails as "
+                    "marked on spark-streaming, and a state layout, rules off or Spark Connect cannot change that"
+                )
             if request.param in _LAYOUT and not _has_keyed_stage(flow):
                 pytest.skip("no keyed stage, so no keyed state: the same query as on spark-streaming")
             if rules == "none" and not _a_rule_applies(flow, streaming=True):
@@ -162,6 +172,11 @@ def runtime(request, tmp_path):
         run(flow, spark=spark, start_time=start_time, rules=rules)
 
     return Runtime(request.param, run_spark)
+
+
+def _ends_at_end_of_input(node: Any) -> bool:
+    """Whether the case is marked `notimpl` on spark-streaming for output that only end of input emits."""
+    return any(m.kwargs.get("end_of_input") for m in node.iter_markers("notimpl"))
 
 
 def _plan_or_none(flow: Any) -> Any:

@@ -33,6 +33,7 @@ def at_eof_only(what: str, instead: str):
         ["spark-streaming"],
         raises=AssertionError,
         reason=f"{what} at end of input, and a stream has none; on Spark streaming {instead}",
+        end_of_input=True,
     )
 
 
@@ -152,6 +153,7 @@ def test_redistribute(runtime):
     raises=AssertionError,
     reason="the streaming case runs twice on one checkpoint, and the restart continues after the EOF marker "
     "(as run_main resumed from recovery does)",
+    end_of_input=True,
 )
 def test_testing_source_eof_marker_ends_input(runtime):
     flow, out = pipe([1, 2, TestingSource.EOF(), 3], lambda s: s)

@@ -290,20 +290,23 @@ def test_streaming_needs_a_checkpoint(tmp_path):
         run_streaming(_count_flow(str(tmp_path), []), trigger="available_now")
 
 
-def _driver_input(spark, tmp_path, mult: int, mod: int) -> tuple[str, list]:
-    """Write 1200 events for the driver's flow; return (input root, the rows of an uninterrupted run)."""
-    from streaming_driver import build
+def _driver_input(tmp_path, mult: int, mod: int) -> tuple[str, list]:
+    """Write 1200 events for the driver's flow; return (input root, the rows a run over all of them writes).
 
-    from flowspark.spark import run
+    The flow counts events per user: whatever the micro-batches, an uninterrupted run writes
+    `(user, n)` for n = 1 .. the user's events, once each (computed here from the events, so the
+    reference shares no code with the runs it checks).
+    """
+    from collections import Counter
 
     root = str(tmp_path / "in")
+    users: Counter[str] = Counter()
     for part in ("a", "b"):
         for f in range(4):
-            write_jsonl(f"{root}/{part}/{f:04d}.jsonl", [{"user": f"u{(i * mult + f) % mod}"} for i in range(150)])
-    ref_out = str(tmp_path / "ref_out")
-    ref_chk = str(tmp_path / "ref_chk")
-    run(build(root, ref_out), spark=spark, checkpoint=ref_chk, trigger="available_now", max_items=100, progress=False)
-    want = sorted((r.user, r.n) for r in spark.read.json(ref_out).collect())
+            events = [{"user": f"u{(i * mult + f) % mod}"} for i in range(150)]
+            write_jsonl(f"{root}/{part}/{f:04d}.jsonl", events)
+            users.update(e["user"] for e in events)
+    want = sorted((u, n) for u, total in users.items() for n in range(1, total + 1))
     assert len(want) == 1200
     return root, want
 
@@ -349,10 +352,10 @@ def _restart_and_read(spark, root: str, chk: str, out: str) -> list:
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["bucket", "key", "chunk"])
 def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path, layout, monkeypatch):
-    """Kill -9 the driver mid-stream, restart from the checkpoint: file-sink output equals an uninterrupted run.
+    """Kill -9 the driver mid-stream, restart from the checkpoint: the file sink holds what an uninterrupted run writes.
 
-    The killed run uses `layout`; the uninterrupted one the default, and the restart (no
-    `state_layout`) the layout its checkpoint recorded. Before Spark 4.2 (no Python streaming
+    The killed run uses `layout`, and the restart (no `state_layout`) the layout its
+    checkpoint recorded. Before Spark 4.2 (no Python streaming
     source as flowspark needs it) the flow reads Spark's file stream; on 3.5 (no
     transformWithStateInPandas) in the bucket layout only.
     """
@@ -366,7 +369,7 @@ def test_kill_9_then_restart_equals_uninterrupted_run(spark, tmp_path, layout, m
         pytest.skip(str(lacks(TRANSFORM_WITH_STATE)))
     if lacks(PYTHON_STREAM_SOURCE) is not None:
         monkeypatch.setenv("FLOWSPARK_TEST_SOURCE", "files")
-    root, want = _driver_input(spark, tmp_path, 3, 7)
+    root, want = _driver_input(tmp_path, 3, 7)
     # The killed run: a driver process killed with SIGKILL once some micro-batches are committed.
     chk, out = str(tmp_path / "chk"), str(tmp_path / "out")
     env = {**os.environ, "FLOWSPARK_TEST_STATE_LAYOUT": layout}
@@ -395,7 +398,7 @@ def test_ctrl_c_stops_between_micro_batches_and_a_restart_loses_nothing(spark, t
     import signal
     import subprocess
 
-    root, want = _driver_input(spark, tmp_path, 5, 9)
+    root, want = _driver_input(tmp_path, 5, 9)
     chk, out = str(tmp_path / "chk"), str(tmp_path / "out")
     proc = _start_driver(root, chk, out, "continuous", stderr=subprocess.DEVNULL, text=True)
     assert _wait_for_commits(proc, chk, 2), "the driver ended on its own; it should run until stopped"

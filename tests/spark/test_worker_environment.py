@@ -27,7 +27,12 @@ DRIVER = textwrap.dedent(
     from flowspark.spark import run
     from flowspark.testing import TestingSink, TestingSource
 
-    spark = SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false").getOrCreate()
+    spark = (
+        SparkSession.builder.master("local[1]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")  # Spark's default 200 tasks a stage: 80 s on local[1]
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("OFF")
     ITEMS = [("a", 1), ("b", 2), ("a", 3)]
 
