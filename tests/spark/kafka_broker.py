@@ -88,11 +88,12 @@ def _ready(bootstrap: str, proc: subprocess.Popen, log: Path, timeout: float = 9
 
 
 class Broker:
-    """A running broker: its bootstrap address and a helper to create topics."""
+    """A running broker: its bootstrap address, its process id and a helper to create topics."""
 
-    def __init__(self, bootstrap: str) -> None:
-        """Remember the address."""
+    def __init__(self, bootstrap: str, pid: int) -> None:
+        """Remember the address and the broker's process (a test may kill it)."""
         self.bootstrap = bootstrap
+        self.pid = pid
 
     def create_topic(self, name: str, partitions: int = 1) -> str:
         """Create `name` with `partitions` partitions (replication 1) and return it."""
@@ -139,7 +140,7 @@ def broker(workdir: Path) -> Iterator[Broker]:
     try:
         bootstrap = f"127.0.0.1:{port}"
         _ready(bootstrap, proc, log)
-        yield Broker(bootstrap)
+        yield Broker(bootstrap, proc.pid)
     finally:
         proc.terminate()
         try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Optional
 
 import flowspark.operators as op
 from flowspark.dataflow import Dataflow
@@ -20,11 +21,15 @@ def _count(total, _event):
     return total, total
 
 
-def build(bootstrap: str, src: str, dst: str) -> Dataflow:
+def build(
+    bootstrap: str, src: str, dst: str, options: Optional[dict[str, str]] = None, flow_id: str = "kafka_kill"
+) -> Dataflow:
+    """The flow `flow_id`; `options` go to the `KafkaSource` (over `maxOffsetsPerTrigger` 50)."""
     from flowspark.spark.io.kafka import KafkaSink, KafkaSource
 
-    flow = Dataflow("kafka_kill")
-    records = op.input("inp", flow, KafkaSource(bootstrap, src, options={"maxOffsetsPerTrigger": "50"}))
+    flow = Dataflow(flow_id)
+    opts = {"maxOffsetsPerTrigger": "50", **(options or {})}
+    records = op.input("inp", flow, KafkaSource(bootstrap, src, options=opts))
     counts = op.stateful_map("count", op.map("key", records, lambda r: (r["key"].decode(), r["offset"])), _count)
     op.output(
         "out",

@@ -520,3 +520,67 @@ def test_a_partition_added_mid_stream_is_picked_up(ks, tmp_path):
     out: list[Any] = []
     run_main(_plain_count_flow(TestingSource(_as_source_items(read)), TestingSink(out)))
     assert _kv(_consume(kafka, dst)) == per_key((r["key"], json.loads(r["value"])) for r in out)
+
+
+# -- the broker goes away while the query runs -----------------------------------------------------
+
+# Spark's Kafka source asks the broker for offsets with an admin client whose calls wait
+# `default.api.timeout.ms` (Kafka's default: 60 s), `fetchOffset.numRetries` times (Spark's
+# default: 3); shortened here so that the query gives up in seconds, not minutes.
+LOSS_OPTIONS = {
+    "kafka.default.api.timeout.ms": "10000",
+    "kafka.request.timeout.ms": "5000",
+    "fetchOffset.numRetries": "1",
+}
+# The JVM's own start-up lines, printed before any session setting applies.
+JVM_START = ("WARNING: Using incubator modules", "Setting default log level", "To adjust logging level")
+
+
+def test_a_broker_gone_mid_stream_stops_the_run_with_one_line(tmp_path):
+    """Kill -9 the broker (a private one: the session's broker serves the other tests) under a running query."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from kafka import KafkaConsumer
+    from kafka_broker import broker
+
+    if connector_jars() is None:
+        pytest.fail(f"Spark's Kafka connector is not cached; run: {sys.executable} {FETCH_JARS.split(' ', 1)[1]}")
+    (tmp_path / "kafka").mkdir()
+    script = Path(__file__).with_name("kafka_loss_driver.py")
+    stderr = tmp_path / "stderr"
+    with broker(tmp_path / "kafka") as kb:
+        src, dst = kb.create_topic("loss_in", partitions=3), kb.create_topic("loss_out")
+        _produce(kb, src, [(f"user{i % 3}", json.dumps({"i": i}), []) for i in range(30)])
+        opts = [f"{k}={v}" for k, v in LOSS_OPTIONS.items()]
+        with stderr.open("w") as err:
+            proc = subprocess.Popen(
+                [sys.executable, str(script), kb.bootstrap, src, dst, str(tmp_path / "chk"), "400", *opts],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        consumer = KafkaConsumer(bootstrap_servers=kb.bootstrap)
+        deadline = time.monotonic() + 240
+        while proc.poll() is None and time.monotonic() < deadline and _end_offsets(consumer, dst) < 30:
+            time.sleep(0.2)
+        written = _end_offsets(consumer, dst)
+        consumer.close()
+        assert written == 30, stderr.read_text()  # the query ran: its first micro-batch is in the sink topic
+        os.kill(kb.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        try:
+            proc.wait(timeout=420)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        took = time.monotonic() - killed
+    lines = [ln for ln in stderr.read_text().splitlines() if ln.strip() and not ln.startswith(JVM_START)]
+    assert len(lines) == 1, stderr.read_text()
+    (line,) = lines
+    assert proc.returncode == 1, (proc.returncode, line)
+    assert line.startswith(f"failed: step 'kafka_loss.inp' (KafkaSource('{kb.bootstrap}', '{src}')): "), line
+    assert f"the Kafka broker at {kb.bootstrap} is unreachable" in line, line
+    assert "TimeoutException" in line, line
+    assert took < 120, f"the run ended {took:.0f} s after the broker died: {line}"

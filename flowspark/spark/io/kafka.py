@@ -13,10 +13,11 @@ Without the connector, `flowspark.spark.run` fails with a one-line
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from flowspark.errors import FlowsparkCompileError, FlowsparkTypeError
+from flowspark.errors import FlowsparkCompileError, FlowsparkRuntimeError, FlowsparkTypeError
 from flowspark.spark.io.inputs import SparkSource
 from flowspark.spark.io.jars import cached_jars, set_dir
 from flowspark.spark.io.outputs import SparkSink
@@ -27,6 +28,7 @@ __all__ = [
     "KAFKA_PACKAGE",
     "KafkaSink",
     "KafkaSource",
+    "broker_unreachable",
     "connector_dir",
     "connector_published",
     "connector_jars",
@@ -166,6 +168,50 @@ def missing_jar(e: Exception) -> Optional[FlowsparkCompileError]:
         )
         return FlowsparkCompileError(msg)
     return None
+
+
+# A Kafka client's timeout: the broker did not answer (Kafka's own TimeoutException, or the one
+# Spark's consumer raises when a poll returns nothing before `kafkaConsumer.pollTimeoutMs`).
+_TIMEOUT = re.compile(
+    r"(?:org\.apache\.kafka\.common\.errors\.TimeoutException|java\.util\.concurrent\.TimeoutException"
+    r"(?=: Cannot fetch record))(?::\s*([^\n]*))?"
+)
+# Where in Spark's Kafka connector the timeout came from: the producer (a sink) or the source.
+_PRODUCER = ("KafkaDataWriter", "KafkaWriteTask", "KafkaProducer", "producer.")
+
+
+def broker_unreachable(plan: Any, e: BaseException) -> Optional[FlowsparkRuntimeError]:
+    """The one-line error for a query that stopped because a Kafka broker did not answer, or `None`.
+
+    Spark's Kafka source and sink wait for the broker, retry, then fail the query with Kafka's
+    `TimeoutException` (and a Java stack trace). This names the step instead: the source's (or,
+    when the producer timed out, the sink's), its bootstrap servers and what to do.
+
+    Args:
+        plan: The query's `flowspark.spark.plan.types.Plan`.
+        e: The query's exception (or the error a micro-batch raised).
+
+    Returns:
+        The error, or `None` when `e` is not a Kafka client's timeout or the plan uses no Kafka.
+    """
+    text = str(e)
+    found = _TIMEOUT.search(text)
+    if found is None:
+        return None
+    sources = [(st.steps[0], st.source) for st in plan.stages if isinstance(st.source, KafkaSource) and st.steps]
+    sinks = [(sk.step_id, sk.sink) for sk in plan.sinks if isinstance(sk.sink, KafkaSink)]
+    ends = [*sinks, *sources] if any(p in text for p in _PRODUCER) else [*sources, *sinks]
+    if not ends:
+        return None
+    step, end = ends[0]
+    servers = end.options["kafka.bootstrap.servers"]
+    why = re.sub(r"\s*SQLSTATE: \w+\s*$", "", found.group(1) or "").strip() or "the broker did not answer"
+    msg = (
+        f"step {step!r} ({end!r}): the Kafka broker at {servers} is unreachable (TimeoutException: {why}); "
+        "start it (or fix the bootstrap servers) and run the flow again: it resumes from the checkpoint's "
+        "last committed micro-batch"
+    )
+    return FlowsparkRuntimeError(step, msg, exc_type="TimeoutException", exc_message=why)
 
 
 _FIRST = ("topic", "partition", "offset")

@@ -261,7 +261,17 @@ def stop_between_batches(query: Any, timeout: float = 60.0) -> None:
 
 
 def raise_query_error(sr: StreamingRun, e: BaseException) -> None:
-    """Raise the flowspark error a failed query carries (set by a sink at the driver, or encoded by a task)."""
+    """Raise the flowspark error a failed query carries (set by a sink at the driver, or encoded by a task).
+
+    A Kafka broker that did not answer gives one line naming the step and the broker
+    (`flowspark.spark.io.kafka.broker_unreachable`), without Spark's Java stack trace.
+    """
+    from flowspark.spark.io.kafka import broker_unreachable
+
+    for cause in (sr._error, e):  # noqa: SLF001
+        lost = None if cause is None else broker_unreachable(sr.plan, cause)
+        if lost is not None:
+            raise lost from None
     if sr._error is not None:  # noqa: SLF001
         err = sr._error  # noqa: SLF001
         raise err from err.__cause__
