@@ -253,6 +253,7 @@ MODULE = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.spark  # starts Spark in a subprocess
 def test_a_module_whose_name_starts_with_a_digit_runs_in_memory_on_spark_and_in_bytewax(tmp_path):
     (tmp_path / "1digits.py").write_text(MODULE)
     want = "('k', 1)\n('k', 3)\n('k', 6)\n('k', 10)\n"
@@ -303,6 +304,7 @@ FOREVER = textwrap.dedent(
 
 
 @pytest.mark.slow
+@pytest.mark.spark  # starts Spark in a subprocess
 def test_ctrl_c_stops_a_source_that_never_ends_cleanly(tmp_path):
     import signal
     import time
