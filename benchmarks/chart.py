@@ -53,14 +53,17 @@ def write(args: argparse.Namespace, title: str, figures: dict[str, float], unit:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter, MaxNLocator
 
         labels = list(figures)
-        fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(labels)))
+        fig, ax = plt.subplots(figsize=(9, 1.0 + 0.45 * len(labels)))
         bars = ax.barh(labels, [figures[k] for k in labels], color="#4c72b0")
         ax.bar_label(bars, labels=[f"{figures[k]:,.0f}" for k in labels], padding=3, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel(unit)
-        ax.set_title(title, fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(5))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _pos: f"{x / 1000:,.0f}k" if x >= 1000 else f"{x:,.0f}"))
+        ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=10)
         ax.margins(x=0.2)
         fig.text(0.01, 0.005, "\n".join(textwrap.wrap(cmd, 100)), fontsize=7, family="monospace", color="#555555")
         fig.tight_layout(rect=(0, 0.06, 1, 1))
