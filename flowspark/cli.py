@@ -34,8 +34,10 @@ exception's type and message on one line, exit code 1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -528,7 +530,10 @@ def _interruptible(fn: Any) -> Any:
     """Call `fn`; after Ctrl-C, whatever error the cancelled Spark job gives is `KeyboardInterrupt`.
 
     pyspark's own SIGINT handler cancels the running jobs (a source that never ends stops
-    there); the job's error that follows is not the user's.
+    there); the job's error that follows is not the user's. That handler runs in a thread of
+    its own (`_off_main_thread`): called in the main thread, it sends `cancelAllJobs` over
+    the py4j connection the main thread is blocked on (the job's `collect`), which py4j can
+    refuse ("reentrant call"), leaving the job running and the process waiting for it.
     """
     import signal
 
@@ -538,7 +543,7 @@ def _interruptible(fn: Any) -> Any:
     def on_interrupt(signum: int, frame: Any) -> None:
         got.append(signum)
         if callable(previous):
-            previous(signum, frame)
+            _off_main_thread(previous, signum, frame)
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, on_interrupt)
@@ -550,6 +555,18 @@ def _interruptible(fn: Any) -> Any:
         raise
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _off_main_thread(handler: Callable[[int, Any], Any], signum: int, frame: Any) -> threading.Thread:
+    """Run a chained signal handler in a daemon thread (its own py4j connection); its `KeyboardInterrupt` is dropped."""
+
+    def call() -> None:
+        with contextlib.suppress(KeyboardInterrupt):
+            handler(signum, frame)
+
+    thread = threading.Thread(target=call, name="flowspark-sigint", daemon=True)
+    thread.start()
+    return thread
 
 
 def _open_run_session(flow: Any, args: argparse.Namespace, conf: dict[str, str]) -> Any:

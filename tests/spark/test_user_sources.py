@@ -305,7 +305,9 @@ FOREVER = textwrap.dedent(
 
 @pytest.mark.slow
 @pytest.mark.spark  # starts Spark in a subprocess
-def test_ctrl_c_stops_a_source_that_never_ends_cleanly(tmp_path):
+@pytest.mark.parametrize("to", ["process", "group"])
+def test_ctrl_c_stops_a_source_that_never_ends_cleanly(tmp_path, to):
+    """SIGINT to the Python process, or to its process group as a terminal's Ctrl-C sends it (the JVM too)."""
     import signal
     import time
 
@@ -319,12 +321,16 @@ def test_ctrl_c_stops_a_source_that_never_ends_cleanly(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=to == "group",
     )
     deadline = time.monotonic() + 240
     while not os.path.exists(marker + "0") and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     assert proc.poll() is None, proc.communicate()
-    proc.send_signal(signal.SIGINT)
+    if to == "group":
+        os.killpg(proc.pid, signal.SIGINT)
+    else:
+        proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     # The cancelled job's error is not reported as the run's. (Spark's Python worker daemon, in

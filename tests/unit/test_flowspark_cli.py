@@ -658,3 +658,37 @@ def test_submit_refuses_streaming_options_for_a_bounded_flow(project):
     res = _cli(cwd, "submit", f"{pkg}/flows.py", "--master", "local", "--state-layout", "row")
     assert res.returncode == 2
     assert "argument --state-layout: invalid choice: 'row'" in res.stderr
+
+
+def test_ctrl_c_runs_pysparks_handler_off_the_main_thread_and_stops_the_run():
+    """The chained SIGINT handler (pyspark's: `cancelAllJobs`, then `KeyboardInterrupt`) runs in a thread of its own.
+
+    In the main thread it would call the JVM over the py4j connection the main thread is
+    blocked on (the job's `collect`), which py4j can refuse ("reentrant call").
+    """
+    import signal
+    import threading
+
+    from flowspark import cli
+
+    on_main: list[bool] = []
+    done = threading.Event()
+
+    def pysparks_handler(signum, frame):
+        on_main.append(threading.current_thread() is threading.main_thread())
+        done.set()
+        raise KeyboardInterrupt
+
+    def run():
+        signal.raise_signal(signal.SIGINT)
+        raise AssertionError("not reached: the interrupt stops the run")
+
+    old = signal.signal(signal.SIGINT, pysparks_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cli._interruptible(run)
+        assert done.wait(5)
+        assert on_main == [False]
+        assert signal.getsignal(signal.SIGINT) is pysparks_handler  # restored after the run
+    finally:
+        signal.signal(signal.SIGINT, old)
