@@ -198,8 +198,12 @@ def broker_unreachable(plan: Any, e: BaseException) -> Optional[FlowsparkRuntime
     found = _TIMEOUT.search(text)
     if found is None:
         return None
-    sources = [(st.steps[0], st.source) for st in plan.stages if isinstance(st.source, KafkaSource) and st.steps]
-    sinks = [(sk.step_id, sk.sink) for sk in plan.sinks if isinstance(sk.sink, KafkaSink)]
+    sources: list[tuple[str, Union[KafkaSource, KafkaSink]]] = [
+        (st.steps[0], st.source) for st in plan.stages if isinstance(st.source, KafkaSource) and st.steps
+    ]
+    sinks: list[tuple[str, Union[KafkaSource, KafkaSink]]] = [
+        (sk.step_id, sk.sink) for sk in plan.sinks if isinstance(sk.sink, KafkaSink)
+    ]
     ends = [*sinks, *sources] if any(p in text for p in _PRODUCER) else [*sources, *sinks]
     if not ends:
         return None
