@@ -34,6 +34,7 @@ from flowspark.spark.worker.codec import (
     encode_task_error,
     loads,
     loads_all,
+    loads_arrow,
     read_head,
     source_items,
     source_seq,
@@ -611,11 +612,52 @@ def test_codec_round_trips_every_item_with_its_exact_type(item):
     assert loads_all([dumps(item), dumps(1)])[0] == back if not isinstance(item, np.ndarray) else True
 
 
-def test_codec_takes_marshal_only_for_flat_values_and_pickle_otherwise():
-    assert dumps(("k", 1))[0] != 0x80  # marshal
-    assert dumps(("k", np.int64(1)))[0] == 0x80  # pickle: marshal would write bytes
+def test_codec_takes_marshal_only_for_atomic_values_and_pickle_otherwise():
+    import marshal
+
+    assert [dumps(x)[0] == 0x80 for x in ("k", 1, None, 2.5, b"x")] == [False] * 5  # marshal
+    assert dumps(("k", 1))[0] == 0x80  # pickle: checking a container's elements costs more than pickle
+    assert dumps(np.int64(1))[0] == 0x80  # pickle: marshal would write bytes
+    assert loads(marshal.dumps(("k", [1, {"a": 2.5}]))) == ("k", [1, {"a": 2.5}])  # what older versions wrote
     assert dumps(Point(1, 2))[0] == 0x80
     assert loads_all([dumps(1), dumps(Point(1, 2)), dumps("x")]) == [1, Point(1, 2), "x"]
+
+
+def test_loads_arrow_decodes_columns_of_pickles_marshals_or_both():
+    import pyarrow as pa
+
+    for items in ([1, "a", None, b"x"], [("k", 1), Point(1, 2), {"a": [1]}], [1, ("k", 1), "x", Point(3, 4)], []):
+        for kind in (pa.binary(), pa.large_binary()):
+            arr = pa.array([dumps(x) for x in items], kind)
+            assert loads_arrow(arr) == items
+            assert loads_arrow(arr.slice(1)) == items[1:]  # an offset into the buffers
+            assert loads_arrow(pa.chunked_array([arr.slice(0, 2), arr.slice(2)], kind)) == items
+
+
+@pytest.mark.parametrize("width", [None, 3, 8, 21])
+def test_sequence_order_sorts_bytes_as_arrow_does(width):
+    import random
+
+    import pyarrow as pa
+
+    from flowspark.spark.io.columns import sequence_order
+
+    rng = random.Random(width)
+    alphabet = [0, 0, 0, 1, 255]  # many zero bytes: a fixed-width sort must not drop trailing ones
+    rows = []
+    for _ in range(400):
+        n = width if width is not None else rng.randint(1, 6)
+        rows.append((bytes(rng.choice(alphabet) for _ in range(n)), rng.randint(0, 2), rng.randint(0, 1)))
+    table = pa.table(
+        {
+            "st": pa.array([r[1] for r in rows], pa.int32()),
+            "p": pa.array([r[2] for r in rows], pa.int32()),
+            "seq": pa.array([r[0] for r in rows], pa.binary()),
+        }
+    )
+    expected = sorted(range(len(rows)), key=lambda i: (rows[i][0], rows[i][1], rows[i][2], i))
+    assert sequence_order(table).tolist() == expected
+    assert sequence_order(table.slice(7)).tolist() == [i - 7 for i in expected if i >= 7]
 
 
 @pytest.mark.parametrize("n", [5, 40])  # below and above the numpy path's threshold

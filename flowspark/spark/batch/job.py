@@ -35,8 +35,10 @@ from flowspark.spark.io.columns import (
     column_kinds,
     driver_rows,
     head_sample,
-    in_sequence,
+    port_code,
     port_rows,
+    port_rows_of,
+    ports_in_sequence,
     prefix_sample,
     stage_inputs,
     union_all,
@@ -449,39 +451,31 @@ class _Job:
         return head_sample(part0.orderBy(key, ID_COLUMN), st.spec.column_key.column, fn, n, _action)  # type: ignore[union-attr]
 
     def collect_driver(self) -> None:
-        import pyarrow as pa
+        """Read the ports of the driver's sinks and `inspect` steps (one job), and hand their items over in order."""
+        import numpy as np
 
-        handlers: dict[tuple[int, int], list[tuple[str, Any]]] = {}
+        inspects: dict[tuple[int, int], list[Any]] = {}
         for ins in self.plan.inspects:
-            handlers.setdefault(ins.port, []).append(("inspect", ins))
-        buffers: dict[str, list[Any]] = {}
+            inspects.setdefault(ins.port, []).append(ins)
         driver_sinks = [sk for sk in self.plan.sinks if sk.where == "driver"]
-        for sk in driver_sinks:
-            handlers.setdefault(sk.port, []).append(("sink", sk))
-            buffers[sk.step_id] = []
-        if not handlers:
+        ports = {*inspects, *(sk.port for sk in driver_sinks)}
+        if not ports:
             return
-        table = in_sequence(_action(lambda: to_arrow(driver_rows(self.dfs, list(handlers)))))
-        sts = table.column("st").to_pylist() if table.num_rows else []
-        ps = table.column("p").to_pylist() if table.num_rows else []
-        vs = table.column("v").to_pylist() if table.num_rows else []
-        del table, pa
-        for s, p, v in zip(sts, ps, vs, strict=True):
-            item = loads(v)
-            for kind, h in handlers[(s, p)]:
-                if kind == "inspect":
+        codes, items = ports_in_sequence(_action(lambda: to_arrow(driver_rows(self.dfs, sorted(ports)))))
+        by_code = {port_code(*port): hs for port, hs in inspects.items()}
+        if by_code:  # inspectors see the items of every port they read in sequence order, interleaved
+            for i in np.flatnonzero(np.isin(codes, list(by_code))).tolist():
+                for h in by_code[int(codes[i])]:
                     try:
-                        h.inspector(h.step_id, item, 1, 0)
+                        h.inspector(h.step_id, items[i], 1, 0)
                     except Exception as e:
                         raise _fail(h.step_id, e) from e
-                else:
-                    buffers[h.step_id].append(item)
         for sk in driver_sinks:
+            batch = port_rows_of(codes, items, *sk.port)
             try:
                 part = sk.sink.build(sk.step_id, 0, 1)
-                items = buffers[sk.step_id]
-                if items:
-                    part.write_batch(items)
+                if batch:
+                    part.write_batch(batch)
                 part.close()
             except Exception as e:
                 raise _fail(sk.step_id, e) from e

@@ -19,7 +19,10 @@ __all__ = [
     "column_kinds",
     "driver_rows",
     "head_sample",
-    "in_sequence",
+    "port_code",
+    "port_rows_of",
+    "ports_in_sequence",
+    "sequence_order",
     "port_rows",
     "prefix_sample",
     "sampled_items",
@@ -141,20 +144,80 @@ def driver_rows(dfs: Any, ports: Any) -> Any:
     )
 
 
-def in_sequence(table: Any) -> Any:
-    """An Arrow table of `driver_rows` in the order the driver hands items over: by sequence, stage, port.
+def sequence_order(table: Any) -> Any:
+    """The row indexes that sort a table of `driver_rows` by sequence, stage, port (stable).
+
+    numpy sorts the sequences as fixed-width byte strings, in about half the time Arrow takes
+    for variable-length binary (1M rows: 0.40-0.56 s against 0.89-0.95 s, measured). Sequences
+    of several lengths are first padded with zero bytes to the longest, then suffixed with
+    their length (4 bytes, big-endian), which keeps a byte-wise comparison's order: a sequence
+    sorts before every longer one it is a prefix of.
 
     Args:
-        table: The table.
+        table: Columns `st`, `p` and `seq` (binary), no nulls.
 
     Returns:
-        The sorted table.
+        A numpy array of row indexes.
     """
+    import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
 
+    from flowspark.spark.worker.codec import binary_buffers
+
+    seq = table.column("seq").combine_chunks()
+    if not len(seq):
+        return np.zeros(0, dtype=np.int64)
+    offsets, data = binary_buffers(seq)
+    lengths = np.diff(offsets)
+    width = int(lengths.max())
+    if width == 0:
+        return np.lexsort((table.column("p").to_numpy(), table.column("st").to_numpy()))
+    if int(lengths.min()) != width:
+        pads = pc.binary_repeat(pa.scalar(b"\x00", seq.type), pa.array(width - lengths))
+        suffix = pa.FixedSizeBinaryArray.from_buffers(
+            pa.binary(4), len(seq), [None, pa.py_buffer(lengths.astype(">u4").tobytes())]
+        ).cast(seq.type)
+        seq = pc.binary_join_element_wise(seq, pads, suffix, pa.scalar(b"", seq.type))
+        width += 4
+        offsets, data = binary_buffers(seq)
+    keys = data[int(offsets[0]) : int(offsets[-1])].view(f"S{width}")
+    return np.lexsort((table.column("p").to_numpy(), table.column("st").to_numpy(), keys))
+
+
+def ports_in_sequence(table: Any) -> tuple[Any, list[Any]]:
+    """The rows of a table of `driver_rows` in sequence order: each row's port code and its item, decoded.
+
+    Args:
+        table: Columns `st`, `p`, `seq` and `v`.
+
+    Returns:
+        `(codes, items)`: a numpy array of `port_code(st, p)` per row, and the items.
+    """
+    import numpy as np
+
+    from flowspark.spark.worker.codec import loads_arrow
+
     if not table.num_rows:
-        return table
-    return table.take(pc.sort_indices(table, sort_keys=[("seq", "ascending"), ("st", "ascending"), ("p", "ascending")]))
+        return np.zeros(0, dtype=np.int64), []
+    order = sequence_order(table)
+    codes = port_code(table.column("st").to_numpy().astype(np.int64), table.column("p").to_numpy().astype(np.int64))
+    return codes[order], loads_arrow(table.column("v").take(order))
+
+
+def port_code(st: Any, p: Any) -> Any:
+    """One number for a stage and port (numbers or numpy arrays), as `ports_in_sequence` gives them."""
+    return (st << 32) + p
+
+
+def port_rows_of(codes: Any, items: list[Any], st: Optional[int], p: int) -> list[Any]:
+    """The items of `ports_in_sequence` on port `p` of stage `st` (`None`: of every stage), in order (a new list)."""
+    import numpy as np
+
+    where = np.flatnonzero(codes == port_code(st, p) if st is not None else (codes & 0xFFFFFFFF) == p)
+    if len(where) == len(items):
+        return list(items)
+    return [items[i] for i in where.tolist()]
 
 
 #: Positions (`monotonically_increasing_id`) below this are rows of the source's partition 0.

@@ -22,7 +22,15 @@ from flowspark.errors import (
 )
 from flowspark.outputs import route_to_parts
 from flowspark.spark.compat import to_arrow
-from flowspark.spark.io.columns import ID_COLUMN, column_kinds, driver_rows, in_sequence, port_rows, stage_inputs
+from flowspark.spark.io.columns import (
+    ID_COLUMN,
+    column_kinds,
+    driver_rows,
+    port_rows,
+    port_rows_of,
+    ports_in_sequence,
+    stage_inputs,
+)
 from flowspark.spark.io.inputs import SparkSource, load_rows
 from flowspark.spark.io.outputs import SparkSink, infer_schema, write_rows
 from flowspark.spark.plan.types import DEAD_PORT, Plan, SinkPlan, StagePlan, StageSpec
@@ -659,23 +667,14 @@ class StreamingRun:
 
     def _deliver(self, table: Any, batch_id: int) -> None:
         """Hand one micro-batch's `(st, p, seq, v)` rows to the sinks, `inspect` and the dead letter, in order."""
-        table = in_sequence(table)
-        sts = table.column("st").to_pylist()
-        ps = table.column("p").to_pylist()
-        vs = table.column("v").to_pylist()
-        by_port: dict[tuple[int, int], list[Any]] = {}
-        dead: list[Any] = self._malformed_rows(batch_id)
-        for s, p, v in zip(sts, ps, vs, strict=True):
-            if p == DEAD_PORT:
-                dead.append(loads(v))  # in sequence order, across stages
-            else:
-                by_port.setdefault((s, p), []).append(loads(v))
+        codes, rows = ports_in_sequence(table)
+        dead: list[Any] = self._malformed_rows(batch_id) + port_rows_of(codes, rows, None, DEAD_PORT)
         try:
             for ins in self.plan.inspects:
-                for item in by_port.get(ins.port, []):
+                for item in port_rows_of(codes, rows, *ins.port):
                     ins.inspector(ins.step_id, item, batch_id + 1, 0)
             for sk in self.plan.sinks:
-                items = by_port.get(sk.port)
+                items = port_rows_of(codes, rows, *sk.port)
                 if items:
                     self._write(sk, items, batch_id, dead if self.plan.dead_letter is not None else None)
             if self.dead is not None:

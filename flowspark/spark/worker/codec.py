@@ -1,6 +1,6 @@
 """How items, sequences and errors travel between the driver and Spark's Python workers.
 
-- **Items** (`dumps` / `loads`): marshal for flat values, pickle otherwise.
+- **Items** (`dumps` / `loads`): marshal for atomic values, pickle otherwise.
 - **Sequences**: bytes that sort (unsigned, lexicographically) in the order the
   items must be processed. A source stamps 20 bytes `>QIII`: the *activation*,
   then the source index, the source partition and the item's offset in its
@@ -67,6 +67,8 @@ __all__ = [
     "idx",
     "loads",
     "loads_all",
+    "loads_arrow",
+    "binary_buffers",
     "position_seqs",
     "read_head",
     "source_items",
@@ -197,33 +199,25 @@ def read_head(seq: bytes) -> tuple[int, int, int, int]:
 
 #: Exact types `marshal` round-trips without changing them. (It writes anything with the
 #: buffer protocol, numpy arrays and scalars included, as plain bytes, and refuses
-#: subclasses such as namedtuples and enums, so only these, at most one container deep,
-#: take the fast path; everything else is pickled.)
+#: subclasses such as enums, so only these exact types take it; everything else is pickled.)
 _FLAT = frozenset({int, float, str, bool, type(None), bytes})
 _marshal_dumps = marshal.dumps
 _marshal_loads = marshal.loads
+_pickle_dumps = pickle.dumps
 _pickle_loads = pickle.loads
-
-
-def _is_flat(x: Any) -> bool:
-    t = type(x)
-    if t in _FLAT:
-        return True
-    if t is tuple or t is list:
-        return all(type(e) in _FLAT for e in x)
-    if t is dict:
-        return all(type(k) in _FLAT and type(v) in _FLAT for k, v in x.items())
-    return False
 
 
 def dumps(x: Any) -> bytes:
     """Encode an item for a Spark row.
 
-    Flat values (exact `int`, `float`, `str`, `bool`, `None`, `bytes`, or a tuple, list
-    or dict of them) use `marshal` (about twice as fast as pickle both ways); anything
-    else uses pickle (protocol 5), then cloudpickle for what plain pickle refuses. A
-    pickle always starts with byte 0x80 and a marshal never does, which is how `loads`
-    tells them apart.
+    A value of an exact atomic type (`int`, `float`, `str`, `bool`, `None`, `bytes`) uses
+    `marshal` (faster than pickle both ways); anything else uses pickle (protocol 5), then
+    cloudpickle for what plain pickle refuses. A container goes to pickle without looking
+    inside: proving every element marshal-safe costs more than pickle saves (a tuple of a
+    `str` and an `int`: 0.72 s per 500k items checked then marshalled, 0.33 s pickled;
+    0.50 s against 0.33 s both ways). A pickle always starts with byte 0x80 and a marshal
+    never does, which is how `loads` tells them apart (and bytes an older version
+    marshalled, containers included, still decode).
 
     Args:
         x: The item.
@@ -232,13 +226,13 @@ def dumps(x: Any) -> bytes:
         The bytes.
 
     Example:
-        >>> loads(dumps(("a", 1))), loads(dumps({"b": [1]}))
-        (('a', 1), {'b': [1]})
+        >>> loads(dumps(("a", 1))), loads(dumps({"b": [1]})), loads(dumps(2))
+        (('a', 1), {'b': [1]}, 2)
     """
-    if _is_flat(x):
+    if type(x) in _FLAT:
         return _marshal_dumps(x)
     try:
-        return pickle.dumps(x, protocol=5)
+        return _pickle_dumps(x, protocol=5)
     except Exception:  # noqa: BLE001
         return cloudpickle.dumps(x, protocol=5)
 
@@ -288,6 +282,65 @@ def loads_all(bs: list[bytes]) -> list[Any]:
     if any(b[0] == 0x80 for b in bs):
         return list(map(loads, bs))
     return list(map(_marshal_loads, bs))
+
+
+def binary_buffers(array: Any) -> tuple[Any, Any]:
+    """An Arrow `binary` or `large_binary` array's value offsets and bytes, as numpy arrays (no copy).
+
+    Args:
+        array: The array (not chunked), with at least one value.
+
+    Returns:
+        `(offsets, data)`: value `i` is `data[offsets[i]:offsets[i + 1]]`.
+    """
+    import numpy as np
+
+    bufs = array.buffers()
+    wide = str(array.type) == "large_binary"
+    offsets = np.frombuffer(
+        bufs[1], dtype=np.int64 if wide else np.int32, count=len(array) + 1, offset=array.offset * (8 if wide else 4)
+    )
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, dtype=np.uint8)
+    return offsets, data
+
+
+def loads_arrow(column: Any) -> list[Any]:
+    """Decode an Arrow binary column of `dumps` bytes (no nulls), telling pickles from marshals per column.
+
+    The first byte of every value is read from the column's buffers at once, so a column of
+    only pickles (containers) or only marshals (atomic values) decodes with one function and no
+    per-item test.
+
+    Args:
+        column: A `binary` or `large_binary` Arrow array or chunked array.
+
+    Returns:
+        The items, in order.
+
+    Example:
+        >>> import pyarrow as pa
+        >>> loads_arrow(pa.array([dumps(("a", 1)), dumps(2)], pa.binary()))
+        [('a', 1), 2]
+    """
+    import numpy as np
+
+    chunks = column.chunks if hasattr(column, "chunks") else [column]
+    out: list[Any] = []
+    for chunk in chunks:
+        n = len(chunk)
+        if not n:
+            continue
+        offsets, data = binary_buffers(chunk)
+        firsts = data[offsets[:-1]]
+        pickled = int(np.count_nonzero(firsts == 0x80))
+        values = chunk.to_pylist()
+        if pickled == n:
+            out.extend(map(_pickle_loads, values))
+        elif pickled == 0:
+            out.extend(map(_marshal_loads, values))
+        else:
+            out.extend(map(loads, values))
+    return out
 
 
 def apply_pad(seq: bytes, pad: bytes) -> bytes:
