@@ -623,6 +623,16 @@ def test_codec_takes_marshal_only_for_atomic_values_and_pickle_otherwise():
     assert loads_all([dumps(1), dumps(Point(1, 2)), dumps("x")]) == [1, Point(1, 2), "x"]
 
 
+def test_dumps_all_pickles_a_column_of_containers_and_falls_back_to_cloudpickle():
+    from flowspark.spark.worker.codec import dumps_all
+
+    assert [loads(b) for b in dumps_all([("k", 1), Point(1, 2)])] == [("k", 1), Point(1, 2)]
+    local = [("k", 1), (lambda x: x + 1, 2)]  # plain pickle refuses the lambda
+    back = [loads(b) for b in dumps_all(local)]
+    assert back[0] == ("k", 1)
+    assert back[1][0](1) == 2
+
+
 def test_loads_arrow_decodes_columns_of_pickles_marshals_or_both():
     import pyarrow as pa
 

