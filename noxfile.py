@@ -6,6 +6,7 @@ installs. The compatibility suite runs what differs between Spark versions on ev
     python -m nox -s compat            # every other line: 3.5, 4.0, 4.1, 4.2
     python -m nox -s "compat(line='3.5')"   # one line (CI runs the oldest)
     python -m nox -s kafka             # Kafka and Delta Lake end to end on 4.2 (see `kafka`)
+    python -m nox -s delta             # Delta Lake end to end on 3.5, 4.0 and 4.1 (see `delta`)
 
 Each line pins its newest release, but 4.2 pins 4.2.0, the newest whose Kafka connector Maven serves
 (`scripts/fetch_jars.py`; the Kafka tests run there) and the newest Delta Lake is built for (Delta 4.4.0).
@@ -81,8 +82,10 @@ def compat(session: nox.Session, line: str) -> None:
 #: The Kafka and Delta tests: a real broker, Spark's Kafka connector (none is published for the newest
 #: line's pyspark), Delta Lake (none is built for it).
 KAFKA_RUNS = ["tests/spark/test_kafka_broker.py", "tests/spark/test_kafka_e2e.py", "tests/spark/test_delta_e2e.py"]
-#: The Delta Lake release paired with pyspark 4.2.0 (`flowspark.spark.io.delta.DELTA_RELEASES`).
-DELTA = "4.4.0"
+#: The Delta Lake release built for each line (`flowspark.spark.io.delta.DELTA_RELEASES`; none for 4.3).
+DELTA_FOR = {"3.5": "3.3.2", "4.0": "4.4.0", "4.1": "4.4.0", "4.2": "4.4.0"}
+#: The Delta Lake release paired with pyspark 4.2.0, the line `kafka` runs.
+DELTA = DELTA_FOR["4.2"]
 
 
 @nox.session(python=False)
@@ -97,3 +100,24 @@ def kafka(session: nox.Session) -> None:
     session.run(str(python), "scripts/fetch_jars.py", "connector", "broker", "delta", external=True)
     pytest = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *KAFKA_RUNS, *session.posargs]
     session.run(*pytest, external=True)
+
+
+@nox.session(python=False)
+@nox.parametrize("line", [line for line in LINES if line != "4.2"])
+def delta(session: nox.Session, line: str) -> None:
+    """Delta Lake end to end on pyspark `line` with the Delta release built for it (`kafka` runs 4.2).
+
+    A virtualenv of its own (.nox/delta-LINE: the compat suite's stays without Delta), the jars
+    `scripts/fetch_jars.py delta` caches for that pyspark, then `tests/spark/test_delta_e2e.py`.
+    """
+    venv = Path(".nox") / f"delta-{line}"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        session.run("python", "-m", "venv", str(venv), external=True)
+    pins = [f"pyspark[connect]=={LINES[line]}", f"delta-spark=={DELTA_FOR[line]}"]
+    if line == "3.5":
+        pins += ["numpy<2", "pyarrow>=15,<21"]
+    session.run(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
+    session.run(str(python), "scripts/fetch_jars.py", "delta", external=True)
+    pytest = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/spark/test_delta_e2e.py"]
+    session.run(*pytest, *session.posargs, external=True)

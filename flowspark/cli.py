@@ -749,8 +749,9 @@ def _cmd_state(args: argparse.Namespace) -> int:
         )
     _need_pyspark("state")
     from flowspark.spark.session import open_session
-    from flowspark.spark.tools import read_state
+    from flowspark.spark.tools import need_state_reader, read_state
 
+    need_state_reader(args.checkpoint)  # before a Spark session starts
     spark = open_session(args.master, {"spark.sql.shuffle.partitions": "1"}, app_name="flowspark state")
     sizes: dict[str, int] = {}
     meta, table = read_state(spark, args.checkpoint, args.batch_id, sizes)

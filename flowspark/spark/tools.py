@@ -27,6 +27,7 @@ __all__ = [
     "MasterUnreachableError",
     "Progress",
     "check_master",
+    "need_state_reader",
     "open_session",
     "physical_plans",
     "quiet_logs",
@@ -306,6 +307,18 @@ def spark_error_line(err: BaseException) -> str:
     return first
 
 
+def need_state_reader(checkpoint: str) -> None:
+    """Refuse to read `checkpoint`'s state on a pyspark without Spark's `statestore` reader (before 4.0).
+
+    Raises:
+        FlowsparkCompileError: One line: the checkpoint, what is missing, what to run instead (a
+            checkpoint a 3.5 stream wrote is read by pyspark 4's reader).
+    """
+    from flowspark.spark.versions import STATE_READER, newer, require
+
+    require(STATE_READER, f"flowspark state {checkpoint}", f"read it with {newer(STATE_READER)}")
+
+
 def read_state(
     spark: Any, checkpoint: str, batch_id: Optional[int] = None, sizes: Optional[dict[str, int]] = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -360,6 +373,7 @@ def read_state(
         raise FlowsparkError(msg)
     if not fs.isdir(join(query, "state")):
         return meta, {}
+    need_state_reader(checkpoint)
     # Spark's RocksDB state reader asks the driver's StateStoreCoordinator, which a session has once its
     # StreamingQueryManager exists: a session that never ran a stream has none (pyspark 4.2.0 then fails
     # with CANNOT_LOAD_STATE_STORE, "Cannot find endpoint: ...StateStoreCoordinator").

@@ -27,6 +27,7 @@ __all__ = [
     "NEWEST",
     "OLDEST",
     "PYTHON_STREAM_SOURCE",
+    "STATE_READER",
     "TRANSFORM_WITH_STATE",
     "Feature",
     "check_supported",
@@ -60,7 +61,12 @@ PYTHON_STREAM_SOURCE = Feature(
     (4, 2),
     "streaming queries that read a Python source (TestingSource, a user-written source)",
 )
-FEATURES = (TRANSFORM_WITH_STATE, PYTHON_STREAM_SOURCE)
+STATE_READER = Feature(
+    "Spark's state data source (format 'statestore')",
+    (4, 0),
+    "flowspark state (reading a streaming checkpoint's keyed state)",
+)
+FEATURES = (TRANSFORM_WITH_STATE, PYTHON_STREAM_SOURCE, STATE_READER)
 
 
 def installed(version: Optional[str] = None) -> tuple[int, int]:

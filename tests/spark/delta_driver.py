@@ -31,11 +31,22 @@ def as_row(kv):
 
 
 def build(root: str, table: str, bounded: bool = False, sink=None) -> Dataflow:
-    """The running count of the JSONL files under `root` into `SparkSink("delta", table)` (or `sink`)."""
+    """The running count of the JSONL files under `root` into `SparkSink("delta", table)` (or `sink`).
+
+    The stream reads them with `JsonlDirSource` (a Python streaming source), or, on a pyspark
+    that cannot stream one (before 4.2), with Spark's JSON file stream, one file per micro-batch.
+    """
+    from flowspark.spark.io.inputs import SparkSource
     from flowspark.spark.io.outputs import SparkSink
+    from flowspark.spark.versions import PYTHON_STREAM_SOURCE, lacks
 
     flow = Dataflow("delta_kill")
-    s = op.input("inp", flow, JsonlDirSource(root, ["a", "b"], batch=50, bounded=bounded))
+    if bounded or lacks(PYTHON_STREAM_SOURCE) is None:
+        src = JsonlDirSource(root, ["a", "b"], batch=50, bounded=bounded)
+    else:
+        options = {"maxFilesPerTrigger": "1", "pathGlobFilter": "*.jsonl", "recursiveFileLookup": "true"}
+        src = SparkSource("json", root, schema="user STRING", options=options, streaming=True)
+    s = op.input("inp", flow, src)
     counts = op.stateful_map("count", op.key_on("key", s, lambda e: e["user"]), count_mapper)
     out = sink if sink is not None else SparkSink("delta", table, schema="user STRING, n LONG")
     op.output("out", op.map("row", counts, as_row), out)

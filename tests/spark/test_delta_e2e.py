@@ -138,7 +138,14 @@ def test_a_stream_reads_the_delta_tables_commits(crashed):
 
 def test_flowspark_state_reads_the_checkpoint_of_a_delta_stream(crashed, spark, capsys):
     from flowspark.cli import main
+    from flowspark.spark.versions import STATE_READER, lacks
 
+    why = lacks(STATE_READER)
+    if why is not None:  # pyspark 3.5: one line saying what to run instead
+        assert main(["state", str(crashed["chk"]), "--format", "json"]) == 1
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line == f"flowspark: error: flowspark state {crashed['chk']}: {why}; read it with pyspark 4.0 or newer"
+        return
     assert main(["state", str(crashed["chk"]), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     last: dict[str, int] = {}

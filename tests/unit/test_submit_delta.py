@@ -71,3 +71,18 @@ def test_submit_of_a_delta_flow_with_own_packages_takes_them(tmp_path):
     assert "--packages" not in cmd
     assert "spark.jars.packages=io.delta:my-delta:1.0" in cmd
     assert "spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension" in cmd
+
+
+def test_the_version_matrix_pins_the_delta_release_flowspark_picks_for_each_line():
+    import importlib.util
+    from pathlib import Path
+
+    from flowspark.spark.io.delta import DELTA_RELEASES
+
+    spec = importlib.util.spec_from_file_location("noxfile", Path(__file__).resolve().parents[2] / "noxfile.py")
+    if importlib.util.find_spec("nox") is None:
+        pytest.fail("nox is not installed: pip install -e '.[test]'", pytrace=False)
+    noxfile = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(noxfile)
+    picked = {f"{major}.{minor}": coordinate.rsplit(":", 1)[1] for (major, minor), coordinate in DELTA_RELEASES.items()}
+    assert noxfile.DELTA_FOR == picked

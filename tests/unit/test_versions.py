@@ -151,3 +151,21 @@ def test_plan_spark_says_which_layout_runs_on_spark_35_and_why(spark35, monkeypa
     assert cli.main(["plan", "versions_flow_mod:flow", "--spark", "--no-physical", "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["spark"]["state_layout_note"].startswith("state layout 'bucket'")
+
+
+def test_flowspark_state_on_spark_35_says_what_to_run(spark35, tmp_path, capsys):
+    import json
+
+    from flowspark.cli import main
+
+    chk = tmp_path / "chk"
+    (chk / "query" / "commits").mkdir(parents=True)
+    (chk / "query" / "commits" / "0").write_text("v1\n{}\n")
+    (chk / "query" / "state").mkdir()
+    (chk / "flowspark.json").write_text(json.dumps({"flow_id": "f", "stateful_steps": ["f.count"]}))
+    assert main(["state", str(chk)]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == (
+        f"flowspark: error: flowspark state {chk}: Spark's state data source (format 'statestore') needs Spark 4.0 "
+        "or newer; pyspark 3.5.8 is installed; read it with pyspark 4.0 or newer"
+    )
