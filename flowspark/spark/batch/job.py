@@ -57,7 +57,7 @@ from flowspark.spark.worker.codec import (
     dumps,
     encode_task_error,
     loads,
-    loads_all,
+    loads_arrow,
     source_seq,
 )
 from flowspark.spark.worker.rows import RowSchema, row_schema
@@ -300,7 +300,7 @@ class _Job:
         table = _action(lambda: to_arrow(df))
         if table.num_rows:
             table = table.take(pc.sort_indices(table, sort_keys=[("seq", "ascending")]))
-        rows = loads_all(table.column("v").to_pylist()) if table.num_rows else []
+        rows = loads_arrow(table.column("v"))
         self.dead = SparkDeadLetters(self.spark, self.plan.dead_letter, dead_letter_step(self.plan.flow_id), False)
         self.dead.write(rows, 0)
         self.dead.close()
@@ -610,7 +610,7 @@ def _to_rows(step_id: str, rows: RowSchema, skip_misfits: bool = False) -> Calla
 
     def body(batches: Iterator[Any]) -> Iterator[Any]:
         for b in batches:
-            items = loads_all(b.column(2).to_pylist())
+            items = loads_arrow(b.column(2))
             if items:
                 yield dict_rows(step_id, items, rows, [] if skip_misfits else None)
 
@@ -627,7 +627,7 @@ def _misfits(step_id: str, rows: Optional[RowSchema]) -> Callable[[Iterator[Any]
         import pyarrow as pa
 
         for b in batches:
-            items = loads_all(b.column(2).to_pylist())
+            items = loads_arrow(b.column(2))
             dead: list[Any] = []
             if rows is None:
                 from flowspark.deadletter import record

@@ -26,7 +26,7 @@ from flowspark.deadletter import DeadLetterDir
 from flowspark.spark.plan.types import DEAD_PORT
 from flowspark.spark.streaming.ckfs import files, join
 from flowspark.spark.streaming.routing import ROUTE
-from flowspark.spark.worker.codec import encode_task_error, loads_all
+from flowspark.spark.worker.codec import encode_task_error, loads_arrow
 
 __all__ = [
     "MalformedRows",
@@ -151,7 +151,7 @@ def _dead_writer(sink: DeadLetterDir, tag: str) -> Callable[[Iterator[Any]], Ite
                 pc.greater_equal(p, 0), pc.equal(pc.bit_wise_and(p, pa.scalar(ROUTE - 1, p.type)), DEAD_PORT)
             )
             if pc.any(dead).as_py():
-                rows.extend(loads_all(b.filter(dead).column(3).to_pylist()))
+                rows.extend(loads_arrow(b.filter(dead).column(3)))
                 b = b.filter(pc.invert(dead))
             yield b
         if rows:

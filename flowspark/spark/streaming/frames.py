@@ -17,7 +17,7 @@ from flowspark.spark.streaming.deadletter import (
     task_batch_id,
     write_task_rows,
 )
-from flowspark.spark.worker.codec import encode_task_error, loads_all
+from flowspark.spark.worker.codec import encode_task_error, loads_arrow
 from flowspark.spark.worker.rows import row_schema
 from flowspark.spark.worker.stage import dict_rows, stage_function
 
@@ -92,7 +92,7 @@ def sink_rows(spark: Any, df: Any, step_id: str, schema: Any, dead_dir: Optional
         misfits: Optional[list[Any]] = None if dead_dir is None else []
         try:
             for b in batches:
-                items = loads_all(b.column(2).to_pylist())
+                items = loads_arrow(b.column(2))
                 if items:
                     yield dict_rows(step_id, items, rows, misfits)
             if misfits:

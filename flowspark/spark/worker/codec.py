@@ -288,9 +288,16 @@ def loads_all(bs: list[bytes]) -> list[Any]:
     Returns:
         The items, in order.
     """
-    if any(b[0] == 0x80 for b in bs):
-        return list(map(loads, bs))
-    return list(map(_marshal_loads, bs))
+    return _decode(bs, sum(1 for b in bs if b[0] == 0x80))
+
+
+def _decode(values: list[bytes], pickled: int) -> list[Any]:
+    """Decode `values`, `pickled` of which are pickles: one decoder for the column when it is all one kind."""
+    if pickled == len(values):
+        return list(map(_pickle_loads, values))
+    if pickled == 0:
+        return list(map(_marshal_loads, values))
+    return list(map(loads, values))
 
 
 def binary_buffers(array: Any) -> tuple[Any, Any]:
@@ -340,15 +347,7 @@ def loads_arrow(column: Any) -> list[Any]:
         if not n:
             continue
         offsets, data = binary_buffers(chunk)
-        firsts = data[offsets[:-1]]
-        pickled = int(np.count_nonzero(firsts == 0x80))
-        values = chunk.to_pylist()
-        if pickled == n:
-            out.extend(map(_pickle_loads, values))
-        elif pickled == 0:
-            out.extend(map(_marshal_loads, values))
-        else:
-            out.extend(map(loads, values))
+        out.extend(_decode(chunk.to_pylist(), int(np.count_nonzero(data[offsets[:-1]] == 0x80))))
     return out
 
 

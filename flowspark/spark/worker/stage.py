@@ -32,7 +32,7 @@ from flowspark.spark.worker.codec import (
     dumps_all,
     encode_task_error,
     loads,
-    loads_all,
+    loads_arrow,
     position_seqs,
     read_head,
     source_items,
@@ -90,7 +90,7 @@ def _key_runs(batches: Iterator[Any], value_only: bool, values_only: bool = Fals
         for b in batches:
             if not b.num_rows:
                 continue
-            vs = loads_all(b.column(2).to_pylist())
+            vs = loads_arrow(b.column(2))
             ss = None if values_only else b.column(1).to_pylist()
             yield b.column(0), ss, vs if value_only else list(map(_second, vs))
 
@@ -681,7 +681,7 @@ def _stage_items(
     if src == "rows":
         for b in batches:
             ss = b.column(1).to_pylist()
-            yield list(zip(ss, loads_all(b.column(2).to_pylist()), strict=True))
+            yield list(zip(ss, loads_arrow(b.column(2)), strict=True))
         return
     if src == "native":
         si = spec.source_index
