@@ -18,10 +18,16 @@ Two timelines are offered here:
   activation in one `on_batch` (`feed_runs` when every activation holds one item;
   notifications are scheduled by the executor with `notify_at` / `notify`);
 - `StepDriver.drive` / `drive_chain`: a fixed logical `now` for a whole call
-  (the Spark runtimes and `run_main(clock="fixed")`): before each value every
-  due notification fires (re-reading `notify_at()` after each fire; a time equal
-  to the one just fired does not fire again at the same point); at the end of
-  the key's values due notifications fire, then `on_eof` (when `eof=True`).
+  (the Spark runtimes and `run_main(clock="fixed")`), activation by activation
+  in Bytewax's order for its default `epoch_interval`: when a key's activation
+  follows the one that last woke it, its values go first, then one notification
+  if the `notify_at()` read after that last one was due; after activations
+  without the key's values, what is due fires first (`fire_due`: `notify_at()`
+  re-read after each fire; a time equal to the one just fired does not fire
+  again at the same point); at the end of the key's values due notifications
+  fire, then `on_eof` (when `eof=True`). A runtime that cannot tell whether a
+  key's first activation in a call follows its last one (a stream's micro-batch)
+  fires what is due first.
   A runtime that keeps, with a key's snapshot, the `notify_at()` it read after the
   logic's last hook passes it on (`due`): when it is not due by `now`, a logic rebuilt
   from that snapshot is not asked again before its first activation.
@@ -113,6 +119,7 @@ class StepDriver(LogicHooks):
         out_ends: Optional[list[int]] = None,
         *,
         now: Optional[datetime] = None,
+        follows: Optional[set[str]] = None,
     ) -> None:
         """Feed the items of one or more activations in Bytewax's order.
 
@@ -129,6 +136,8 @@ class StepDriver(LogicHooks):
             out_ends: If given, receives the end offset in `out` of each activation's emits.
             now: Fixed time (`run_main(clock="fixed")`, the Spark batch timeline): each
                 key's values of an activation go through `drive` at `now` instead.
+            follows: With `now`: the keys whose activation (of one) follows the one that last
+                woke them (`drive`'s `follows`).
         """
         n = len(items)
         start = 0
@@ -140,7 +149,7 @@ class StepDriver(LogicHooks):
                     seg = sorted(seg, key=_KEY_OF)  # stable: each key's values keep their order
                 except Exception:  # noqa: BLE001,S110
                     pass  # a malformed item: `feed_runs` reports it where it arrived
-            self.feed_runs(logics, seg, out, touched, now=now)
+            self.feed_runs(logics, seg, out, touched, now=now, follows=follows)
             if out_ends is not None and len(out) != (out_ends[-1] if out_ends else 0):
                 out_ends.append(len(out))
 
@@ -153,6 +162,7 @@ class StepDriver(LogicHooks):
         out_ends: Optional[list[int]] = None,
         *,
         now: Optional[datetime] = None,
+        follows: Optional[set[str]] = None,
     ) -> None:
         """Feed `(key, value)` items: each run of consecutive items of one key is one `on_batch`.
 
@@ -166,11 +176,12 @@ class StepDriver(LogicHooks):
                 (when it emitted something).
             now: Fixed time: each run goes through `drive` at `now` (due notifications
                 fire between its values) instead of one `on_batch`.
+            follows: As in `feed_grouped`.
         """
         if now is not None:
             for key, values in self._runs(items):
                 touched[key] = None
-                self._drive_run(logics, key, values, out, now)
+                self._drive_run(logics, key, values, out, now, follows is not None and key in follows)
             return
         self._feed_pairs(logics, self._runs(items), out, touched, out_ends)
 
@@ -232,9 +243,11 @@ class StepDriver(LogicHooks):
             if discard:
                 del logics[key]
 
-    def _drive_run(self, logics: dict[str, Any], key: str, values: list[Any], out: list[Any], now: datetime) -> None:
-        """`feed_runs`' run of a key at a fixed `now`: through `drive` (due notifications fire between its values)."""
-        tagged, live = self.drive(key, [(b"", v) for v in values], logics.get(key), now, False)
+    def _drive_run(
+        self, logics: dict[str, Any], key: str, values: list[Any], out: list[Any], now: datetime, follows: bool
+    ) -> None:
+        """`feed_runs`' run of a key at a fixed `now`: through `drive` (one activation)."""
+        tagged, live = self.drive(key, [(b"", v) for v in values], logics.get(key), now, False, follows=follows)
         out.extend([(key, w) for _tag, w in tagged])
         if live is None:
             logics.pop(key, None)
@@ -321,6 +334,7 @@ class StepDriver(LogicHooks):
         eof: bool,
         tags: bool = True,
         due: Any = UNKNOWN,
+        follows: bool = False,
     ) -> tuple[Emits, Any]:
         """Run the step over one key's tagged values at a fixed `now` (see the module doc).
 
@@ -336,6 +350,11 @@ class StepDriver(LogicHooks):
                 no later than the earliest `notify_at()` of `logic`, or `None` when it asked
                 for none. When nothing is due by `now`, `notify_at()` is not read before the
                 first activation. Default `UNKNOWN`: read it.
+            follows: The first activation of `items` comes right after the key's last one
+                (the runtime counts activations itself: `run_main(clock="fixed")`); later
+                activations of `items` are told by their tags' headers. Default `False`: a
+                runtime that cannot tell (a stream's first activation of a key in a
+                micro-batch) fires what is due before the values.
 
         Returns:
             `(emits as (tag, value) pairs in order, logic or None)`.
@@ -351,10 +370,16 @@ class StepDriver(LogicHooks):
             return self._drive_plain(key, items, logic, now, eof, mid, tags)
         out: Emits = []
         # One activation at a time (the values sharing their tag's activation header; a
-        # runtime without tags hands one activation): the notifications due by now fire
-        # first, then the activation's values go to one `on_batch`, as in Bytewax, where
-        # due notifications are looked at between activations, not between values.
+        # runtime without tags hands one activation), each key's values of an activation in
+        # one `on_batch`, as in Bytewax, where due notifications are looked at between
+        # activations, not between values. Bytewax (its default `epoch_interval`) reads a
+        # key's `notify_at()` after each activation that woke it and fires what that read
+        # holds after the *next* activation's items: so when this activation follows the
+        # key's last one, its values go first, then one notification if that read was due;
+        # when activations without the key's values came in between, what was due fired in
+        # them, before these values.
         start, n = 0, len(items)
+        prev = -1
         while start < n:
             head = items[start][0][:HEAD_LEN]
             end = start + 1
@@ -362,25 +387,50 @@ class StepDriver(LogicHooks):
                 end += 1
             chunk = items[start:end]
             start = end
+            act = int.from_bytes(head, "big")
+            after = follows if prev < 0 else act == prev + 1
+            prev = act
             if logic is None:
                 logic, fresh = self.build(key), True
-            ws: list[Any] = []
-            if not fresh and (due is UNKNOWN or (due is not None and due <= now)):
-                logic, ws = self.fire_due(key, logic, now)
-            if logic is None:
-                logic = self.build(key)
+            # A logic built for these values has no schedule yet: nothing is due.
+            ws, logic = self._activation(key, logic, [v for _, v in chunk], now, None if fresh else due, after)
             fresh = False
             due = UNKNOWN  # the values change what the logic waits for
-            more, discard = self.feed(key, logic, [v for _, v in chunk])
-            ws.extend(more)
             if ws:
                 tag_emits(chunk, ws, mid, tags, out)
-            if discard:
-                logic = None
         if eof and logic is not None:
             logic, ws = self._end(key, logic, now)
             out.extend(eof_emits(self.level, key, ws))
         return out, logic
+
+    def _activation(
+        self, key: str, logic: Any, values: list[Any], now: datetime, due: Any, after: bool
+    ) -> tuple[list[Any], Any]:
+        """One activation of a key in `drive`: `(emits, logic or None)`.
+
+        `due`: the logic's schedule as last read (`UNKNOWN`: read it; `None`: nothing due).
+        `after`: the activation follows the one that last woke the key: the values go first,
+        then one notification if the schedule was due; otherwise what is due fires first.
+        """
+        fire = due is UNKNOWN or (due is not None and due <= now)
+        ws: list[Any] = []
+        if fire and after:
+            at = due if due is not UNKNOWN else self.notify_at(key, logic)
+            fire = at is not None and at <= now
+        elif fire:
+            logic, ws = self.fire_due(key, logic, now)
+            if logic is None:
+                logic = self.build(key)
+        more, discard = self.feed(key, logic, values)
+        ws.extend(more)
+        if discard:
+            return ws, None
+        if fire and after:
+            more, discard = self.notify(key, logic)
+            ws.extend(more)
+            if discard:
+                return ws, None
+        return ws, logic
 
     def _end(self, key: str, logic: Any, now: datetime) -> tuple[Any, list[Any]]:
         """A key's end of input: the notifications due by `now`, then `on_eof`: `(logic or None, emits)`."""

@@ -123,7 +123,7 @@ class _Executor:
             roundtrip_state
             or state_ttl is not None
             or any(isinstance(n, ir.Merge) and len(n.ups) > 1 for n in graph.nodes)
-            or (not fixed_time and _time_observable(graph))
+            or _time_observable(graph)
         )
         self.bounds: dict[str, Any] = {}
         resume: dict[str, dict[str, Any]] = {}
@@ -307,7 +307,10 @@ def _time_observable(graph: ir.Graph) -> bool:
     activation's items, and everything upstream of it (an `inspect`) sees one activation at
     a time; a mapper reading the clock per call (`ir.FlatMapBatch.clocked`: `enrich_cached`
     with a `ttl`) gets one call per activation. The IR says so; elsewhere the executor fuses
-    up to `BATCH_TARGET` items per pass (same results, fewer passes).
+    up to `BATCH_TARGET` items per pass (same results, fewer passes). With `clock="fixed"`
+    too: a key's due notification fires after its next activation's items when that
+    activation follows the one that woke it (`StepDriver.drive`'s `follows`), which the
+    stateful step tells by counting passes.
     """
     return any(
         (isinstance(n, ir.StatefulBatch) and n.notifies) or (isinstance(n, ir.FlatMapBatch) and n.clocked)

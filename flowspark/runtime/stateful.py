@@ -69,6 +69,11 @@ class StatefulRuntime(StepRuntime):
         self.track = track
         self.touched_epoch: set[str] = set()
         self.eof_done = False
+        #: With `clock="fixed"`: this step's activation (pass) count, and the last one that
+        #: woke each key (Bytewax fires a key's due notification after the next activation's
+        #: items: `StepDriver.drive`'s `follows`).
+        self.act = 0
+        self.woke: dict[str, int] = {}
         #: With `roundtrip_state`: the same step, never resumed, to compare with.
         self.reference = StatefulRuntime(node, resume, False, fixed_now, ttl=ttl) if roundtrip else None
         for key in sorted(resume):  # states an earlier run wrote to the recovery store
@@ -275,11 +280,26 @@ class StatefulRuntime(StepRuntime):
         # of the activation go through the driver's fixed-time timeline (tags unused). At
         # EOF, key by key in sorted key order (as the Spark batch runtime's end-of-key tags
         # sort), its due notifications fire, then its on_eof.
+        # A key's activation that follows the one that last woke it gets its values first,
+        # then what was due (Bytewax's default `epoch_interval`); one after a gap, or after
+        # an epoch closed (`epoch_interval=timedelta(0)`: every pass), or the upstream's end
+        # of input (its `on_eof` emits) fires what is due first. A flow with a step that may
+        # notify runs one source batch per pass, so a pass is one activation.
         now = self.fixed_now
         assert now is not None
         logics = self.logics
         ends = None if bounds is None else list(range(1, len(items) + 1)) if bounds is _SINGLES else bounds
-        self.driver.feed_grouped(logics, items, ends, out, touched, out_ends, now=now)
+        self.act += 1
+        act, woke = self.act, self.woke
+        follows = None
+        if self.notifies and not ex.is_eof(self.up):
+            follows = {key for key, at in woke.items() if at == act - 1}
+        self.driver.feed_grouped(logics, items, ends, out, touched, out_ends, now=now, follows=follows)
+        if self.notifies:
+            for key in touched:
+                woke[key] = act
+            if ex.closing:
+                woke.clear()
         if self._eof_now(ex, items):
             self.eof_done = True
             for key in sorted(logics):

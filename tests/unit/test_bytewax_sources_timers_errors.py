@@ -532,3 +532,56 @@ def test_epoch_interval_orders_due_notifications_as_in_bytewax(
     kw = {} if epoch_interval is None else {"epoch_interval": epoch_interval}
     lib.testing.run_main(flow, **kw)
     assert log == want
+
+
+@pytest.mark.parametrize(("epoch_interval", "batch_size"), [(None, 1), (None, 2), (ZERO, 1), (ZERO, 2)])
+def test_the_fixed_clock_gives_each_key_the_system_clocks_order(epoch_interval: Any, batch_size: int) -> None:
+    """`clock="fixed"` (the Spark batch timeline) orders each key's calls as the system clock does, which is
+    bytewax's (the test above); only the interleaving of keys at end of input differs."""
+    from flowspark import operators as op
+    from flowspark.dataflow import Dataflow
+    from flowspark.testing import TestingSink, TestingSource, run_main
+
+    def calls(**kw: Any) -> dict[str, list[Any]]:
+        out: list[Any] = []
+        flow = Dataflow("f")
+        items = [("a", 1), ("a", 2), ("b", 3), ("a", 4), ("b", 5), ("c", 6), ("a", 7), ("a", 8)]
+        up = op.input("inp", flow, TestingSource(items, batch_size=batch_size))
+        op.output("out", op.stateful("st", up, _keyed_past), TestingSink(out))
+        run_main(flow, **({} if epoch_interval is None else {"epoch_interval": epoch_interval}), **kw)
+        per_key: dict[str, list[Any]] = {}
+        for k, w in out:
+            per_key.setdefault(k, []).append(w)
+        return per_key
+
+    system = calls()
+    assert calls(clock="fixed", start_time=datetime(2024, 1, 1, tzinfo=timezone.utc)) == system
+    assert "notify" in system["a"]
+
+
+def _keyed_past(_state: Any) -> Any:
+    """A logic whose every value asks for a notification long past; `on_notify` clears it (flowspark's)."""
+    from flowspark.operators import StatefulLogic
+
+    class Past(StatefulLogic):
+        def __init__(self) -> None:
+            self.pending = False
+
+        def on_item(self, value: Any) -> Any:
+            self.pending = True
+            return [value], False
+
+        def on_notify(self) -> Any:
+            self.pending = False
+            return ["notify"], False
+
+        def on_eof(self) -> Any:
+            return ["eof"], False
+
+        def notify_at(self) -> Any:
+            return datetime(2000, 1, 1, tzinfo=timezone.utc) if self.pending else None
+
+        def snapshot(self) -> Any:
+            return None
+
+    return Past()

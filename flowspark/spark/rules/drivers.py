@@ -105,6 +105,15 @@ def _check_values(w: Work, sid: int) -> Optional[str]:
             return "one_step did not apply"
         if "sink_fusion" not in spec.modes:
             return "the stage does not write a sink's rows (sink_fusion)"
+        notifying = [ks.step_id for ks in spec.chain if ks.notifies]
+        if notifying and not w.applied("spark_keys", f"stage {sid}"):
+            # A micro-batch of a Python source holds several activations of a key; a due
+            # notification fires between them (after the values of the one that follows),
+            # which only the values' sequences tell. A SparkSource's rows are one activation.
+            return (
+                f"step {notifying[0]!r} may ask for notifications, which fire between the activations its values' "
+                "sequences tell apart"
+            )
     elif w.applied("native_reduction", f"stage {sid}"):
         return "native_reduction applies (Spark aggregates the stage)"
     else:
@@ -136,7 +145,8 @@ VALUES_DRIVER = Rule(
     BOTH,
     False,
     "a keyed stage whose values' sequences nobody reads drives each key's values as plain lists, without a "
-    "dead letter: in a streaming query one_step writing a sink's rows; in a batch job a stage writing a sink's "
+    "dead letter: in a streaming query one_step writing a sink's rows, its step not notifying (or keyed by Spark); "
+    "in a batch job a stage writing a sink's "
     "rows or whose last step emits only at end of input, its steps not notifying (or one step keyed by Spark)",
     _check_values,
     mode("values_driver"),
