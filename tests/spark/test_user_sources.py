@@ -168,6 +168,71 @@ def test_a_dynamic_source_and_sink_get_one_instance_per_spark_partition(spark, t
     assert _lines(str(mem)) == (["worker-0-of-1.jsonl"], [("w0", [0, 1, i]) for i in range(3)])
 
 
+def _worker_counts(src: Any, got: list[Any], files: str) -> Dataflow:
+    flow = Dataflow("dyn")
+    s = op.input("inp", flow, src)
+    counts = op.stateful_map("count", s, lambda n, v: ((n or 0) + 1, (v, (n or 0) + 1)))
+    op.output("out", counts, TestingSink(got))
+    op.output("files", s, PerWorkerFiles(files))
+    return flow
+
+
+def test_a_dynamic_source_and_sink_in_a_stream_get_one_instance_per_worker(spark, tmp_path):
+    """Each run builds the source's partitions anew (no resume state), the state goes on: as bytewax 0.21.1
+    recovers a DynamicSource (below, one worker: counts 1-3, then 4-6)."""
+    count = spark.sparkContext.defaultParallelism
+    ck = str(tmp_path / "ck")
+    for run_no in range(2):
+        files = tmp_path / f"files{run_no}"
+        files.mkdir()
+        got: list[Any] = []
+        run(
+            _worker_counts(Workers(), got, str(files)),
+            spark=spark,
+            checkpoint=ck,
+            trigger="available_now",
+            progress=False,
+        )
+        # Each worker's partition read its three items; the counts go on from the first run's state.
+        want = {f"w{i}": [((i, count, j), 3 * run_no + j + 1) for j in range(3)] for i in range(count)}
+        assert per_key(got) == want
+        names, items = _lines(str(files))
+        assert sorted(items) == sorted((f"w{i}", [i, count, j]) for i in range(count) for j in range(3))
+        assert all(n.startswith("worker-") for n in names)
+    if importlib.util.find_spec("bytewax") is None:
+        return
+    import bytewax.operators as bop
+    from bytewax.dataflow import Dataflow as BDataflow
+    from bytewax.inputs import DynamicSource as BDynamicSource
+    from bytewax.inputs import StatelessSourcePartition as BPartition
+    from bytewax.recovery import RecoveryConfig, init_db_dir
+    from bytewax.testing import TestingSink as BTestingSink
+    from bytewax.testing import run_main as brun_main
+
+    class BSpan(BPartition):
+        def __init__(self, worker_index: int, worker_count: int) -> None:
+            self.span = _Span(worker_index, worker_count)
+
+        def next_batch(self) -> list[Any]:
+            return self.span.next_batch()
+
+    class BWorkers(BDynamicSource):
+        def build(self, step_id: str, worker_index: int, worker_count: int) -> Any:
+            return BSpan(worker_index, worker_count)
+
+    (tmp_path / "db").mkdir()
+    init_db_dir(tmp_path / "db", 1)
+    for run_no in range(2):
+        bgot: list[Any] = []
+        bflow = BDataflow("dyn")
+        counts = bop.stateful_map(
+            "count", bop.input("inp", bflow, BWorkers()), lambda n, v: ((n or 0) + 1, (v, (n or 0) + 1))
+        )
+        bop.output("out", counts, BTestingSink(bgot))
+        brun_main(bflow, epoch_interval=timedelta(0), recovery_config=RecoveryConfig(tmp_path / "db"))
+        assert bgot == [("w0", ((0, 1, j), 3 * run_no + j + 1)) for j in range(3)]
+
+
 class Polls(SimplePollingSource[int]):
     """One type argument, as Bytewax's `SimplePollingSource[X]`; ends after three items."""
 

@@ -27,6 +27,13 @@ was planned but not committed before a crash is replayed by rebuilding the
 partition at the range's start and reading the same number of items again (the
 source contract: resuming from a snapshot yields the same items).
 
+A `DynamicSource` is read as `tasks` partitions (`build(step_id, worker_index, worker_count)`,
+worker_count the session's default parallelism, as a batch job builds it): they have no
+snapshot, so a range that was planned but not committed before a crash cannot be replayed and
+is read as empty, and a restarted query builds new partitions, which go on with what they
+return then. That is Bytewax's recovery of a `DynamicSource`: it is not resumed, so what it
+returned before a crash and the flow had not finished with is not read again.
+
 `SupportsTriggerAvailableNow`: with `trigger="available_now"` a partition is read
 until it returns an empty batch (nothing ready now) or ends, and never after that
 in this query, so the query ends.
@@ -45,7 +52,13 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from flowspark.errors import FlowsparkRuntimeError, step_error
-from flowspark.inputs import AbortExecution, FixedPartitionedSource
+from flowspark.inputs import (
+    AbortExecution,
+    DynamicSource,
+    FixedPartitionedSource,
+    StatefulSourcePartition,
+    StatelessSourcePartition,
+)
 from flowspark.spark.plan.types import StageSpec
 from flowspark.spark.worker.codec import dumps, source_seq
 from flowspark.spark.worker.stage import stage_function
@@ -224,6 +237,10 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_items = max_items
         self.stage = stage
         self.clock = clock
+        #: A DynamicSource's partitions return other items when built again: nothing to replay.
+        self.replays = not isinstance(source, DynamicSource)
+        if isinstance(source, DynamicSource):
+            source = self.source = _Workers(source, max(1, tasks))
         self.keys = self._call(lambda: list(source.list_parts()))
         self.splits = max(1, tasks // max(1, len(self.keys)))
         self.live: dict[str, tuple[int, Any]] = {}  # key -> (items read so far, partition)
@@ -315,6 +332,7 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if eof:
                 self._close(part)
                 del self.live[key]
+                self.retried.add(key)  # ended in this run: read again only by a later run
         return end
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
@@ -328,6 +346,8 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if count <= 0:
                 continue
             got = self.buf.pop((key, s["n"]), None)
+            if (got is None or len(got[0]) != count) and not self.replays:
+                continue  # read before a restart by partitions that are gone (see the module doc)
             if got is None or len(got[0]) != count:
                 got = self._replay(key, s, count)
             read.append((pi, *got))
@@ -405,6 +425,40 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for _n, part in self.live.values():
             self._close(part)
         self.live.clear()
+
+
+class _Workers(FixedPartitionedSource[Any, None]):
+    """A `DynamicSource` as `count` partitions without resume state (one per worker, as Bytewax builds it)."""
+
+    def __init__(self, source: DynamicSource[Any], count: int) -> None:
+        self.source = source
+        self.count = count
+
+    def list_parts(self) -> list[str]:
+        width = len(str(self.count - 1))
+        return [str(i).zfill(width) for i in range(self.count)]  # names that sort as the worker indexes
+
+    def build_part(self, step_id: str, for_part: str, resume_state: None) -> _Stateless:
+        return _Stateless(self.source.build(step_id, int(for_part), self.count))
+
+
+class _Stateless(StatefulSourcePartition[Any, None]):
+    """A `StatelessSourcePartition` whose snapshot is `None`."""
+
+    def __init__(self, part: StatelessSourcePartition[Any]) -> None:
+        self.part = part
+
+    def next_batch(self) -> Any:
+        return self.part.next_batch()
+
+    def next_awake(self) -> Optional[datetime]:
+        return self.part.next_awake()
+
+    def snapshot(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.part.close()
 
 
 #: The name of the tick source (`spark.readStream.format(TICK_FORMAT)`).

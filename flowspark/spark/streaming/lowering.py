@@ -10,10 +10,6 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from flowspark.deadletter import DeadLetterDir
-from flowspark.errors import (
-    FlowsparkCompileError,
-)
-from flowspark.inputs import DynamicSource
 from flowspark.spark.io.inputs import SparkSource
 from flowspark.spark.io.outputs import SparkSink
 from flowspark.spark.plan.compiler import as_graph, compile_flow
@@ -82,19 +78,10 @@ def compile_streaming(flow: Any) -> Plan:
         The plan (the batch job's plan: the streaming query is another lowering of it).
 
     Raises:
-        FlowsparkCompileError: The flow cannot run as a streaming query (a
-            DynamicSource, or what the compiler refuses).
+        FlowsparkCompileError: The flow cannot run as a streaming query (what the
+            compiler refuses).
     """
-    plan = flow if isinstance(flow, Plan) else compile_flow(as_graph(flow))
-    for st in plan.stages:
-        if st.kind == "source" and isinstance(st.source, DynamicSource):
-            msg = (
-                f"step {st.spec.source_step!r}: source {type(st.source).__name__} is a DynamicSource, which has "
-                "no offsets to resume from; a streaming query needs a FixedPartitionedSource (snapshot/resume) "
-                "or SparkSource(..., streaming=True)"
-            )
-            raise FlowsparkCompileError(msg)
-    return plan
+    return flow if isinstance(flow, Plan) else compile_flow(as_graph(flow))
 
 
 def needs_timers(plan: Plan) -> bool:
