@@ -22,6 +22,7 @@ __all__ = [
     "default_session",
     "executed_plan",
     "explain_string",
+    "from_arrow",
     "hadoop_configuration",
     "hadoop_path",
     "inferred_schema",
@@ -125,6 +126,27 @@ def to_arrow(df: Any) -> Any:
         return table
     batches = df._collect_as_arrow()
     return pa.Table.from_batches(batches, schema=None if batches else to_arrow_schema(df.schema))
+
+
+def from_arrow(spark: Any, table: Any, schema: Any) -> Any:
+    """A DataFrame of a `pyarrow.Table`'s rows with `schema` (`createDataFrame(table)`, Spark 4.0+).
+
+    Spark 3.5's `createDataFrame` takes no Arrow table: it gets the table's rows as dicts
+    (each Python value as Arrow gives it: `None` for a null, `datetime` for a timestamp).
+
+    Args:
+        spark: The session.
+        table: A `pyarrow.Table` whose columns are `schema`'s.
+        schema: The `StructType`.
+
+    Returns:
+        The DataFrame.
+    """
+    from pyspark.sql import DataFrame
+
+    if hasattr(DataFrame, "toArrow"):  # the API of Spark 4.0, whose createDataFrame takes a table too
+        return spark.createDataFrame(table, schema)
+    return spark.createDataFrame(table.to_pylist(), schema)
 
 
 def arrow_type(data_type: Any, timezone: Optional[str]) -> Any:

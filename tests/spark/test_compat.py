@@ -124,3 +124,27 @@ def test_rebuilt_by_value_reads_cloudpickles_table():
 def test_inferred_schema_is_what_create_data_frame_infers(spark):
     rows = [{"user": "a", "n": 1, "x": 1.5}, {"user": "b", "n": 2, "x": None}]
     assert compat.inferred_schema(spark, rows) == spark.createDataFrame(rows).schema
+
+
+def test_from_arrow_makes_a_dataframe_of_a_tables_rows_with_the_schema(spark):
+    from datetime import datetime, timezone
+
+    import pyarrow as pa
+    from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType  # noqa: TID251
+
+    schema = StructType(
+        [StructField("k", StringType()), StructField("n", LongType()), StructField("at", TimestampType())]
+    )
+    at = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    table = pa.table(
+        {
+            "k": pa.array(["a", None]),
+            "n": pa.array([1, None], pa.int64()),
+            "at": pa.array([at, None], pa.timestamp("us", tz="UTC")),
+        }
+    )
+    df = compat.from_arrow(spark, table, schema)
+    assert df.schema == schema
+    rows = sorted(df.collect(), key=lambda r: r.k or "")
+    assert [(r.k, r.n) for r in rows] == [(None, None), ("a", 1)]
+    assert rows[1].at.replace(tzinfo=None) == at.astimezone().replace(tzinfo=None)  # the session's local time

@@ -16,8 +16,6 @@ from typing import Any
 
 import pytest
 
-from flowspark.errors import FlowsparkCompileError
-from flowspark.spark.versions import PYTHON_STREAM_SOURCE, lacks
 from flowspark.testing import TestingSource, per_key, run_main
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -38,21 +36,6 @@ def _load(name: str) -> Any:
     return mod
 
 
-def _refused_without_ticks(spark: Any, mod: Any, tmp_path: Path) -> bool:
-    """Before Spark 4.2, check that a flow with timers is refused before its query starts (True); else False.
-
-    Timers fire on a stream of ticks from a Python data source, with the API of Spark 4.2.
-    """
-    if lacks(PYTHON_STREAM_SOURCE) is None:
-        return False
-    common = sys.modules["common"]
-    common.stage_file(tmp_path / "in", "0001.json", mod.BATCH_1)
-    with pytest.raises(FlowsparkCompileError, match=r"run with timers .* needs Spark 4.2 or newer"):
-        common.run(mod.streaming(tmp_path / "in", tmp_path / "out"), tmp_path / "chk", spark=spark)
-    assert not (tmp_path / "chk").exists()
-    return True
-
-
 def _canon(rows: list[dict[str, Any]], key: str) -> dict[str, list[tuple]]:
     return {k: sorted(v) for k, v in per_key((r[key], tuple(sorted(r.items()))) for r in rows).items()}
 
@@ -69,8 +52,6 @@ def _canon(rows: list[dict[str, Any]], key: str) -> dict[str, list[tuple]]:
 def test_streaming_example_equals_in_memory(spark, tmp_path, name, key, gap):
     mod = _load(name)
     common = sys.modules["common"]
-    if gap is not None and _refused_without_ticks(spark, mod, tmp_path):
-        return
     clock = sys.modules["common"].FileClock(tmp_path / "now") if gap is not None else None
     for i, (batch, at) in enumerate([(mod.BATCH_1, T0), (mod.BATCH_2, T0 + (gap or timedelta(0)))], start=1):
         common.stage_file(tmp_path / "in", f"{i:04d}.json", batch)
@@ -100,8 +81,6 @@ def test_streaming_example_equals_in_memory(spark, tmp_path, name, key, gap):
 def test_trades_windows_and_late_trades(spark, tmp_path):
     mod = _load("trades")
     common = sys.modules["common"]
-    if _refused_without_ticks(spark, mod, tmp_path):
-        return
     clock = common.FileClock(tmp_path / "now")
     clock.set(T0)  # system time stands still: the watermark moves with event time only
     for i, batch in enumerate([mod.BATCH_1, mod.BATCH_2], start=1):

@@ -7,6 +7,8 @@ line; `tests/spark/test_versions.py` runs the same refusals against a real Spark
 from __future__ import annotations
 
 import json
+from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -169,3 +171,36 @@ def test_flowspark_state_on_spark_35_says_what_to_run(spark35, tmp_path, capsys)
         f"flowspark: error: flowspark state {chk}: Spark's state data source (format 'statestore') needs Spark 4.0 "
         "or newer; pyspark 3.5.8 is installed; read it with pyspark 4.0 or newer"
     )
+
+
+def _timer_plan() -> Any:
+    from flowspark.spark.plan.compiler import compile_flow
+
+    flow = Dataflow("timed")
+    keyed = op.key_on("key", op.input("inp", flow, TestingSource([1])), str)
+    op.output("out", op.collect("col", keyed, timeout=timedelta(seconds=1), max_size=5), TestingSink([]))
+    plan = compile_flow(flow)
+    return type(plan)(**{**plan.__dict__, "stages": [st for st in plan.stages if st.kind != "source"]})
+
+
+def test_timers_on_spark_35_fire_with_spark_rate_ticks_unless_the_checkpoint_has_python_ticks(spark35, tmp_path):
+    """A new checkpoint takes Spark's rate source for its ticks; one started with the Python tick source keeps it."""
+    from flowspark.spark.streaming.checkpoint import META_FILE, RATE_TICKS
+    from flowspark.spark.streaming.lowering import check_versions
+
+    plan = _timer_plan()
+    check_versions(plan, "bucket", str(tmp_path / "new"))  # nothing recorded yet: rate ticks, no refusal
+    old = tmp_path / "old"
+    (old / "query").mkdir(parents=True)  # a query ran there
+    (old / META_FILE).write_text(json.dumps({RATE_TICKS: False}))
+    with pytest.raises(FlowsparkCompileError) as e:
+        check_versions(plan, "bucket", str(old))
+    msg = str(e.value)
+    assert msg.startswith(f"checkpoint {str(old)!r} fires the timers of stateful steps 'timed.col")
+    assert "with a stream of ticks from a Python data source" in msg
+    assert msg.endswith("or start a new checkpoint")
+    (old / META_FILE).write_text(json.dumps({}))  # started before the choice was recorded: the tick source
+    with pytest.raises(FlowsparkCompileError, match="fires the timers"):
+        check_versions(plan, "bucket", str(old))
+    (old / META_FILE).write_text(json.dumps({RATE_TICKS: True}))
+    check_versions(plan, "bucket", str(old))

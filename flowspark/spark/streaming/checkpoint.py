@@ -18,6 +18,7 @@ from flowspark.errors import RecoveryError
 from flowspark.spark.streaming.ckfs import files, join
 
 __all__ = [
+    "RATE_TICKS",
     "COUNTS_FILE",
     "META_FILE",
     "check_flag",
@@ -38,6 +39,11 @@ __all__ = [
 META_FILE = "flowspark.json"
 #: The choice (in `flowspark.json`) of a key or chunk layout query run in time mode "None" (`check_untimed`).
 UNTIMED = "untimed_state"
+#: The choice (in `flowspark.json`) of the stream of ticks that fires timers: Spark's
+#: `rate-micro-batch` source (`True`, where Python streaming sources lack what the tick source
+#: needs) or flowspark's Python tick source (`False`; every checkpoint started before the
+#: choice was recorded). A query's sources are part of its checkpoint: the choice stays.
+RATE_TICKS = "rate_ticks"
 #: The layout of a checkpoint whose query ran before layouts were recorded.
 LEGACY_LAYOUT = "bucket"
 #: File in the checkpoint directory with the last counts of keys and pending notifications

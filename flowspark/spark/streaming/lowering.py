@@ -15,7 +15,9 @@ from flowspark.spark.io.outputs import SparkSink
 from flowspark.spark.plan.compiler import as_graph, compile_flow
 from flowspark.spark.plan.types import Plan, SinkPlan, StagePlan
 from flowspark.spark.rules.optimizer import Env
+from flowspark.spark.streaming.checkpoint import RATE_TICKS, recorded_flag
 from flowspark.spark.streaming.chunklayout import CHUNK_KEYS
+from flowspark.spark.streaming.ckfs import is_local
 from flowspark.spark.streaming.keylayout import HOT_PER_BUCKET
 from flowspark.spark.streaming.routing import (
     needs_routing,
@@ -26,6 +28,7 @@ __all__ = [
     "BUCKETS_PER_PARTITION",
     "BUCKET_LAYOUT_BUCKETS",
     "Lowering",
+    "check_ticks",
     "check_versions",
     "compile_streaming",
     "default_buckets",
@@ -219,13 +222,8 @@ def check_versions(plan: Plan, layout: Optional[str], checkpoint: str) -> None:
                 f"step {st.spec.source_step!r} reads a {type(st.source).__name__} in a streaming query",
                 f"read the stream with a SparkSource (files, Kafka, a table), or install {newer(PYTHON_STREAM_SOURCE)}",
             )
-    if needs_timers(plan):
-        require(
-            PYTHON_STREAM_SOURCE,
-            f"stateful steps {', '.join(repr(ks.step_id) for ks in plan.keyed_steps())} run with timers "
-            "(notify_at, timeouts, windows), which a stream of ticks from a Python data source fires",
-            f"install {newer(PYTHON_STREAM_SOURCE)} (batch runs such a flow on any supported line)",
-        )
+    if lacks(PYTHON_STREAM_SOURCE) is not None and is_local(checkpoint):
+        check_ticks(plan, checkpoint, recorded_flag(checkpoint, RATE_TICKS))
     if layout not in (None, "bucket"):
         require(
             TRANSFORM_WITH_STATE,
@@ -238,6 +236,31 @@ def check_versions(plan: Plan, layout: Optional[str], checkpoint: str) -> None:
             TRANSFORM_WITH_STATE,
             f"stateful steps {keyed} run in one query as several keyed stages",
             f"run them as separate flows, or install {newer(TRANSFORM_WITH_STATE)}",
+        )
+
+
+def check_ticks(plan: Plan, checkpoint: str, rate_ticks: Optional[bool]) -> None:
+    """Refuse timers a checkpoint fires with the Python tick source where Python streaming sources lack its API.
+
+    A new checkpoint on such a pyspark takes Spark's `rate-micro-batch` source for its ticks
+    (`checkpoint.RATE_TICKS`); one started with the tick source keeps it (a query's sources
+    are part of its checkpoint).
+
+    Args:
+        plan: The streaming plan.
+        checkpoint: The checkpoint directory (named in the message).
+        rate_ticks: The checkpoint's recorded choice (`None`: not made yet).
+
+    Raises:
+        FlowsparkCompileError: Naming the checkpoint, the steps, the missing API and the fix.
+    """
+    if rate_ticks is False and needs_timers(plan):
+        require(
+            PYTHON_STREAM_SOURCE,
+            f"checkpoint {checkpoint!r} fires the timers of stateful steps "
+            f"{', '.join(repr(ks.step_id) for ks in plan.keyed_steps())} with a stream of ticks from a Python data "
+            "source (it was started on a newer pyspark)",
+            f"install {newer(PYTHON_STREAM_SOURCE)}, or start a new checkpoint",
         )
 
 

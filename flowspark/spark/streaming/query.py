@@ -21,7 +21,7 @@ from flowspark.errors import (
     step_error,
 )
 from flowspark.outputs import route_to_parts
-from flowspark.spark.compat import to_arrow
+from flowspark.spark.compat import from_arrow, to_arrow
 from flowspark.spark.io.columns import (
     ID_COLUMN,
     column_kinds,
@@ -101,6 +101,9 @@ class StreamingRun:
         self.layout: str = options["layout"]
         #: A key or chunk layout query in time mode "None" (`checkpoint.check_untimed`).
         self.untimed: bool = bool(options.get("untimed", False))
+        #: Ticks from Spark's `rate-micro-batch` source instead of the Python tick source
+        #: (`checkpoint.RATE_TICKS`).
+        self.rate_ticks: bool = bool(options.get("rate_ticks", False))
         self.state_ttl: Optional[timedelta] = options.get("state_ttl")
         self.progress: Optional[Callable[[str], None]] = options.get("progress")
         #: Empty a file sink's directory that holds another query's log instead of refusing it.
@@ -268,10 +271,19 @@ class StreamingRun:
         """The tick stream (timers need a micro-batch even when no data arrives, e.g. after a restart)."""
         from pyspark.sql import functions as F  # noqa: N812
 
-        from flowspark.spark.io import pysource
+        if self.rate_ticks:
+            # One row per micro-batch (one with available_now), as the tick source gives.
+            rate = self.spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load()
+            ticks = rate.select(
+                F.lit(None).cast("string").alias("k"),
+                F.lit(b"").cast("binary").alias("seq"),
+                F.lit(b"").cast("binary").alias("v"),
+            )
+        else:
+            from flowspark.spark.io import pysource
 
-        pysource.register(self.spark, self.carry)
-        ticks = self.spark.readStream.format(pysource.TICK_FORMAT).load()
+            pysource.register(self.spark, self.carry)
+            ticks = self.spark.readStream.format(pysource.TICK_FORMAT).load()
         if "p" in columns:
             ticks = ticks.select(F.lit(TICK_ROUTE).cast("int").alias("p"), "k", "seq", "v")
         return ticks
@@ -751,7 +763,7 @@ class StreamingRun:
                 if misfits:
                     assert dead is not None
                     dead.extend(r for _i, r in misfits)
-                write_rows(sk.step_id, sk.sink, self.spark.createDataFrame(table, rows.struct), batch_id)
+                write_rows(sk.step_id, sk.sink, from_arrow(self.spark, table, rows.struct), batch_id)
         except FlowsparkError:
             raise
         except Exception as e:

@@ -13,6 +13,8 @@ from flowspark.errors import (
 from flowspark.spark.rules.switches import rules_arg
 from flowspark.spark.session import quiet_query_context
 from flowspark.spark.streaming.checkpoint import (
+    RATE_TICKS,
+    check_flag,
     check_layout,
     check_meta,
     check_untimed,
@@ -21,6 +23,7 @@ from flowspark.spark.streaming.checkpoint import (
 from flowspark.spark.streaming.ckfs import check_reachable, is_local
 from flowspark.spark.streaming.listen import Listener, make_listener, remove_listeners, wait_for_run
 from flowspark.spark.streaming.lowering import (
+    check_ticks,
     check_versions,
     compile_streaming,
     default_buckets,
@@ -31,6 +34,7 @@ from flowspark.spark.streaming.query import StreamingRun
 from flowspark.spark.streaming.state import (
     LAYOUTS,
 )
+from flowspark.spark.versions import PYTHON_STREAM_SOURCE, lacks
 
 __all__ = ["run_streaming"]
 
@@ -170,6 +174,8 @@ def run_streaming(
     if state_layout is None:  # the recorded layout, not checked above
         check_versions(plan, layout, checkpoint)
     untimed = check_untimed(checkpoint, layout, timers, state_ttl is not None)
+    rate_ticks = check_flag(checkpoint, RATE_TICKS, lacks(PYTHON_STREAM_SOURCE) is not None)
+    check_ticks(plan, checkpoint, rate_ticks)  # a checkpoint not on this machine: not checked above
     if spark is None:
         spark = get_session(new_conf=new_conf)
     ensure_workers(spark)
@@ -192,6 +198,7 @@ def run_streaming(
             "timers": timers,
             "layout": layout,
             "untimed": untimed,
+            "rate_ticks": rate_ticks,
             "state_ttl": state_ttl,
             "carry": carry,
             "clear_outputs": clear_outputs,
