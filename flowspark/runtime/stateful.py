@@ -69,11 +69,9 @@ class StatefulRuntime(StepRuntime):
         self.track = track
         self.touched_epoch: set[str] = set()
         self.eof_done = False
-        #: With `clock="fixed"`: this step's activation (pass) count, and the last one that
-        #: woke each key (Bytewax fires a key's due notification after the next activation's
-        #: items: `StepDriver.drive`'s `follows`).
-        self.act = 0
-        self.woke: dict[str, int] = {}
+        #: With `clock="fixed"`: the keys the last pass woke (Bytewax fires a key's due
+        #: notification after the next activation's items: `StepDriver.drive`'s `follows`).
+        self.woke: set[str] = set()
         #: With `roundtrip_state`: the same step, never resumed, to compare with.
         self.reference = StatefulRuntime(node, resume, False, fixed_now, ttl=ttl) if roundtrip else None
         for key in sorted(resume):  # states an earlier run wrote to the recovery store
@@ -289,17 +287,10 @@ class StatefulRuntime(StepRuntime):
         assert now is not None
         logics = self.logics
         ends = None if bounds is None else list(range(1, len(items) + 1)) if bounds is _SINGLES else bounds
-        self.act += 1
-        act, woke = self.act, self.woke
-        follows = None
-        if self.notifies and not ex.is_eof(self.up):
-            follows = {key for key, at in woke.items() if at == act - 1}
+        follows = self.woke if self.notifies and not ex.is_eof(self.up) else None
         self.driver.feed_grouped(logics, items, ends, out, touched, out_ends, now=now, follows=follows)
         if self.notifies:
-            for key in touched:
-                woke[key] = act
-            if ex.closing:
-                woke.clear()
+            self.woke = set() if ex.closing else set(touched)
         if self._eof_now(ex, items):
             self.eof_done = True
             for key in sorted(logics):

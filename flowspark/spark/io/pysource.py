@@ -346,9 +346,9 @@ class _Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if count <= 0:
                 continue
             got = self.buf.pop((key, s["n"]), None)
-            if (got is None or len(got[0]) != count) and not self.replays:
-                continue  # read before a restart by partitions that are gone (see the module doc)
             if got is None or len(got[0]) != count:
+                if not self.replays:
+                    continue  # read before a restart by partitions that are gone (see the module doc)
                 got = self._replay(key, s, count)
             read.append((pi, *got))
         firsts = _order_bases([(pi, sizes) for pi, _, sizes in read]) if self.order else {}

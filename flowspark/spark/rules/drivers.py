@@ -98,6 +98,23 @@ FLAT_DRIVER = Rule(
 )
 
 
+def _notifying(w: Work, sid: int) -> Optional[str]:
+    """Why a stage's notifications need its values' sequences, or `None` (`values_driver`, batch and streaming)."""
+    chain = w.spec(sid).chain
+    notifying = [ks.step_id for ks in chain if ks.notifies]
+    if notifying and len(chain) > 1:
+        return f"step {notifying[0]!r} may ask for notifications, in a chain of several steps"
+    if notifying and not w.applied("spark_keys", f"stage {sid}"):
+        # Due notifications fire between a key's activations (after the values of the one that
+        # follows), which the values' sequences tell apart; a SparkSource's rows are one
+        # activation (what spark_keys reads).
+        return (
+            f"step {notifying[0]!r} may ask for notifications, which fire between the activations its values' "
+            "sequences tell apart (spark_keys did not apply)"
+        )
+    return None
+
+
 def _check_values(w: Work, sid: int) -> Optional[str]:
     spec = w.spec(sid)
     if w.env.target == "streaming":
@@ -105,28 +122,15 @@ def _check_values(w: Work, sid: int) -> Optional[str]:
             return "one_step did not apply"
         if "sink_fusion" not in spec.modes:
             return "the stage does not write a sink's rows (sink_fusion)"
-        notifying = [ks.step_id for ks in spec.chain if ks.notifies]
-        if notifying and not w.applied("spark_keys", f"stage {sid}"):
-            # A micro-batch of a Python source holds several activations of a key; a due
-            # notification fires between them (after the values of the one that follows),
-            # which only the values' sequences tell. A SparkSource's rows are one activation.
-            return (
-                f"step {notifying[0]!r} may ask for notifications, which fire between the activations its values' "
-                "sequences tell apart"
-            )
+        why = _notifying(w, sid)
+        if why is not None:
+            return why
     elif w.applied("native_reduction", f"stage {sid}"):
         return "native_reduction applies (Spark aggregates the stage)"
     else:
-        notifying = [ks.step_id for ks in spec.chain if ks.notifies]
-        if notifying and len(spec.chain) > 1:
-            return f"step {notifying[0]!r} may ask for notifications, in a chain of several steps"
-        if notifying and not w.applied("spark_keys", f"stage {sid}"):
-            # Due notifications fire between a key's activations, which the values' sequences tell
-            # apart; a SparkSource's rows are one activation (what spark_keys reads).
-            return (
-                f"step {notifying[0]!r} may ask for notifications, which fire between the activations its values' "
-                "sequences tell apart (spark_keys did not apply)"
-            )
+        why = _notifying(w, sid)
+        if why is not None:
+            return why
         if "sink_fusion" not in spec.modes and not spec.chain[-1].eof_only:
             return (
                 "the stage's emits need sequences: it does not write a sink's rows (sink_fusion) and its last step "
