@@ -20,6 +20,7 @@ pyspark = pytest.importorskip("pyspark")
 
 from flowspark.spark.io import delta  # noqa: E402
 from flowspark.spark.io.classpath import delta_steps, session_conf  # noqa: E402
+from flowspark.spark.session import DEFAULT_CONF  # noqa: E402
 from flowspark.spark.io.inputs import SparkSource  # noqa: E402
 from flowspark.spark.io.outputs import SparkSink  # noqa: E402
 from flowspark.spark.plan.compiler import compile_flow  # noqa: E402
@@ -87,6 +88,8 @@ def test_a_session_for_a_delta_and_kafka_flow_takes_both_jar_sets_and_deltas_set
         "spark.jars": f"{k / 'spark-sql-kafka.jar'},{d / 'delta-spark.jar'},{d / 'delta-storage.jar'}",
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        # a local session's cores, as its shuffle partitions (Delta's default: 50 partitions)
+        "spark.databricks.delta.snapshotPartitions": DEFAULT_CONF["spark.sql.shuffle.partitions"],
     }
     plain = Dataflow("plain")
     op.output("out", op.input("inp", plain, TestingSource([1])), TestingSink([]))
@@ -213,7 +216,8 @@ def test_flowspark_plan_spark_opens_its_session_with_deltas_jars_and_settings(tm
     monkeypatch.chdir(tmp_path)
     with pytest.raises(RuntimeError, match="no session in this test"):
         main(["plan", "dplan.py", "--spark"])
-    assert asked == [{**delta.DELTA_CONF, "spark.jars": str(d / "delta-spark.jar")}]
+    snapshot = {"spark.databricks.delta.snapshotPartitions": DEFAULT_CONF["spark.sql.shuffle.partitions"]}
+    assert asked == [{**delta.DELTA_CONF, **snapshot, "spark.jars": str(d / "delta-spark.jar")}]
 
 
 def test_a_restart_keeps_the_dead_letters_of_a_micro_batch_deltas_sink_already_committed(tmp_path):

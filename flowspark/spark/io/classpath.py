@@ -42,7 +42,7 @@ def session_conf(plan: Any) -> dict[str, str]:
 
     Returns:
         `{}` for a flow without Kafka or Delta; else `spark.jars` (the cached jars of both, as
-        needed) and, for Delta, `delta.DELTA_CONF`.
+        needed) and, for Delta, `delta.delta_conf`'s settings.
 
     Raises:
         FlowsparkCompileError: A jar set is missing or not built for the installed pyspark

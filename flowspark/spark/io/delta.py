@@ -2,7 +2,9 @@
 
 Delta Lake is not part of pyspark. A session flowspark creates for a flow that reads or
 writes Delta puts the jars `python scripts/fetch_jars.py delta` caches (`delta_jars`) in
-`spark.jars` and sets Delta's two session settings (`DELTA_CONF`); your own session or a
+`spark.jars` and sets Delta's two session settings (`DELTA_CONF`), and builds a table's
+snapshot (Delta's replay of its log, at each read and each streaming commit) in as many
+partitions as its shuffles (Delta's default is 50 small tasks); your own session or a
 cluster takes the coordinate `delta_package()` (`spark.jars.packages`, spark-submit's
 `--packages`) and the same two settings:
 
@@ -96,7 +98,8 @@ def delta_conf(step_id: str) -> dict[str, str]:
         step_id: The first step that reads or writes Delta (named in the error).
 
     Returns:
-        `DELTA_CONF` and `{"spark.jars": ...}` (the cached jars).
+        `DELTA_CONF`, `{"spark.jars": ...}` (the cached jars) and Delta's snapshot partitions (the
+        session's shuffle partitions: a local session's cores).
 
     Raises:
         FlowsparkCompileError: No Delta release is built for the installed pyspark, or its jars
@@ -122,7 +125,10 @@ def delta_conf(step_id: str) -> dict[str, str]:
             f"spark.jars.packages={package} and Delta's two settings (flowspark.spark.io.delta.DELTA_CONF)"
         )
         raise FlowsparkCompileError(msg)
-    return {**DELTA_CONF, "spark.jars": ",".join(jars)}
+    from flowspark.spark.session import DEFAULT_CONF
+
+    snapshot = {"spark.databricks.delta.snapshotPartitions": DEFAULT_CONF["spark.sql.shuffle.partitions"]}
+    return {**DELTA_CONF, **snapshot, "spark.jars": ",".join(jars)}
 
 
 def missing_delta(e: BaseException, step_id: str) -> Optional[FlowsparkCompileError]:
