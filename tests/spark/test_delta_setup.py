@@ -20,10 +20,10 @@ pyspark = pytest.importorskip("pyspark")
 
 from flowspark.spark.io import delta  # noqa: E402
 from flowspark.spark.io.classpath import delta_steps, session_conf  # noqa: E402
-from flowspark.spark.session import DEFAULT_CONF  # noqa: E402
 from flowspark.spark.io.inputs import SparkSource  # noqa: E402
 from flowspark.spark.io.outputs import SparkSink  # noqa: E402
 from flowspark.spark.plan.compiler import compile_flow  # noqa: E402
+from flowspark.spark.session import DEFAULT_CONF  # noqa: E402
 
 
 def _copy_flow(stream: bool = False) -> Dataflow:
