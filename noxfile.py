@@ -6,6 +6,7 @@ installs. The compatibility suite runs what differs between Spark versions on ev
     python -m nox -s compat            # every other line: 3.5, 4.0, 4.1, 4.2
     python -m nox -s "compat(line='3.5')"   # one line (CI runs the oldest)
     python -m nox -s kafka             # Kafka and Delta Lake end to end on 4.2 (see `kafka`; CI runs it)
+    python -m nox -s kafka_cluster     # a Kafka -> Delta stream submitted to a standalone cluster, on 4.2
     python -m nox -s delta             # Delta Lake end to end on 3.5, 4.0 and 4.1 (see `delta`)
 
 Each line pins its newest release, but 4.2 pins 4.2.0, the newest whose Kafka connector Maven serves
@@ -89,9 +90,8 @@ DELTA_FOR = {"3.5": "3.3.2", "4.0": "4.4.0", "4.1": "4.4.0", "4.2": "4.4.0"}
 DELTA = DELTA_FOR["4.2"]
 
 
-@nox.session(python=False)
-def kafka(session: nox.Session) -> None:
-    """Kafka and Delta Lake end to end on pyspark 4.2.0, in the virtualenv of `compat(line='4.2')` (.nox/compat-4.2)."""
+def _kafka_venv(session: nox.Session) -> str:
+    """The interpreter of `compat(line='4.2')`'s virtualenv with Delta Lake and the jars Kafka and Delta need."""
     venv = Path(".nox") / "compat-4.2"
     python = venv / "bin" / "python"
     if not python.exists():
@@ -99,8 +99,26 @@ def kafka(session: nox.Session) -> None:
     pins = [f"pyspark[connect]=={LINES['4.2']}", f"delta-spark=={DELTA}"]
     session.run(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
     session.run(str(python), "scripts/fetch_jars.py", "connector", "broker", "delta", external=True)
-    pytest = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *KAFKA_RUNS, *session.posargs]
-    session.run(*pytest, external=True)
+    return str(python)
+
+
+@nox.session(python=False)
+def kafka(session: nox.Session) -> None:
+    """Kafka and Delta Lake end to end on pyspark 4.2.0, in the virtualenv of `compat(line='4.2')` (.nox/compat-4.2)."""
+    python = _kafka_venv(session)
+    session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *KAFKA_RUNS, *session.posargs, external=True)
+
+
+@nox.session(python=False)
+def kafka_cluster(session: nox.Session) -> None:
+    """`flowspark submit` of a Kafka -> Delta Lake stream to a standalone cluster, its jars from `--packages`.
+
+    spark-submit resolves the packages with Ivy (from Maven, into its cache) on pyspark 4.2.0;
+    about 75 s with a warm Ivy cache. Not in `.ci/run` (its time; see docs/spark-versions.md).
+    """
+    python = _kafka_venv(session)
+    cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/spark/test_kafka_cluster.py"]
+    session.run(*cmd, *session.posargs, external=True)
 
 
 @nox.session(python=False)

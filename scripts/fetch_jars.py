@@ -15,7 +15,11 @@ Two sets, each in its own directory under ``$FLOWSPARK_JARS_DIR`` (default
   dependencies. Sessions flowspark creates for a flow that reads or writes Delta put them in
   ``spark.jars``. No Delta release is built for every line (none for Spark 4.3).
 
-A directory holding a ``.complete`` marker is not fetched again. Usage::
+A directory holding a ``.complete`` marker is not fetched again. Maven resolves into a local
+repository of its own, ``m2/`` under the same cache, not ``~/.m2``: resolving leaves the poms
+of versions it did not pick there without their jars, and spark-submit's ``--packages`` (Ivy,
+whose default chain reads ``~/.m2/repository`` first) then fails on such a pom ("FAILED
+DOWNLOADS ... local-m2-cache"). Usage::
 
     python scripts/fetch_jars.py            # Kafka's connector and broker (Delta is asked for by name)
     python scripts/fetch_jars.py connector  # only Spark's connector
@@ -120,6 +124,7 @@ def fetch(coordinate: str, dest: Path, keep_spark_own: bool = False) -> Path:
             "-f",
             str(tmp / "pom.xml"),
             "dependency:copy-dependencies",
+            f"-Dmaven.repo.local={jars_root() / 'm2'}",
             "-DincludeScope=runtime",
             f"-DoutputDirectory={partial}",
         ]
