@@ -114,7 +114,7 @@ def kafka_cluster(session: nox.Session) -> None:
     """`flowspark submit` of a Kafka -> Delta Lake stream to a standalone cluster, its jars from `--packages`.
 
     spark-submit resolves the packages with Ivy (from Maven, into its cache) on pyspark 4.2.0;
-    about 75 s with a warm Ivy cache. Not in `.ci/run` (its time; see docs/spark-versions.md).
+    about 75 s with a warm Ivy cache. Not in `.ci/run`: CI's run is near its 60-minute line.
     """
     python = _kafka_venv(session)
     cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/spark/test_kafka_cluster.py"]
