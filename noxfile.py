@@ -9,6 +9,9 @@ installs. The compatibility suite runs what differs between Spark versions on ev
     python -m nox -s kafka_cluster     # a Kafka -> Delta stream submitted to a standalone cluster, on 4.2
     python -m nox -s delta             # Delta Lake end to end on 3.5, 4.0 and 4.1 (see `delta`)
 
+Each session installs with `session.run_install`, so `--install-only` prepares its virtualenv and
+jars without running tests (`.ci/run` does that while the full suite runs).
+
 Each line pins its newest release, but 4.2 pins 4.2.0, the newest whose Kafka connector Maven serves
 (`scripts/fetch_jars.py`; the Kafka tests run there) and the newest Delta Lake is built for (Delta 4.4.0).
 On 4.0, 4.0.1's applyInPandasWithState fails with pandas 2.3 and pyarrow 26 (a TypeError in
@@ -68,11 +71,11 @@ def compat(session: nox.Session, line: str) -> None:
     venv = Path(".nox") / f"compat-{line}"
     python = venv / "bin" / "python"
     if not python.exists():
-        session.run("python", "-m", "venv", str(venv), external=True)
+        session.run_install("python", "-m", "venv", str(venv), external=True)
     pins = [f"pyspark[connect]=={LINES[line]}"]
     if line == "3.5":
         pins += ["numpy<2", "pyarrow>=15,<21"]
-    session.run(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
+    session.run_install(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
     env = {"FLOWSPARK_TEST_SERVER_HOME": os.environ.get("FLOWSPARK_TEST_SERVER_HOME", _newest_pyspark_home())}
     runs = [*RUNS, CONNECT_RUNS[line]] if line in CONNECT_RUNS else RUNS
     for args in runs:
@@ -95,10 +98,10 @@ def _kafka_venv(session: nox.Session) -> str:
     venv = Path(".nox") / "compat-4.2"
     python = venv / "bin" / "python"
     if not python.exists():
-        session.run("python", "-m", "venv", str(venv), external=True)
+        session.run_install("python", "-m", "venv", str(venv), external=True)
     pins = [f"pyspark[connect]=={LINES['4.2']}", f"delta-spark=={DELTA}"]
-    session.run(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
-    session.run(str(python), "scripts/fetch_jars.py", "connector", "broker", "delta", external=True)
+    session.run_install(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
+    session.run_install(str(python), "scripts/fetch_jars.py", "connector", "broker", "delta", external=True)
     return str(python)
 
 
@@ -132,11 +135,11 @@ def delta(session: nox.Session, line: str) -> None:
     venv = Path(".nox") / f"delta-{line}"
     python = venv / "bin" / "python"
     if not python.exists():
-        session.run("python", "-m", "venv", str(venv), external=True)
+        session.run_install("python", "-m", "venv", str(venv), external=True)
     pins = [f"pyspark[connect]=={LINES[line]}", f"delta-spark=={DELTA_FOR[line]}"]
     if line == "3.5":
         pins += ["numpy<2", "pyarrow>=15,<21"]
-    session.run(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
-    session.run(str(python), "scripts/fetch_jars.py", "delta", external=True)
+    session.run_install(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
+    session.run_install(str(python), "scripts/fetch_jars.py", "delta", external=True)
     pytest = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/spark/test_delta_e2e.py"]
     session.run(*pytest, *session.posargs, external=True)
