@@ -64,22 +64,29 @@ def _newest_pyspark_home() -> str:
     return str(Path(spec.origin).parent)
 
 
+def _venv(session: nox.Session, name: str, line: str, *pins: str) -> str:
+    """The interpreter of `.nox/NAME`, made if missing, with flowspark's test extra, pyspark `line` and `pins`."""
+    venv = Path(".nox") / name
+    python = venv / "bin" / "python"
+    if not python.exists():
+        session.run_install("python", "-m", "venv", str(venv), external=True)
+    more = ["numpy<2", "pyarrow>=15,<21"] if line == "3.5" else []
+    pyspark = f"pyspark[connect]=={LINES[line]}"
+    session.run_install(
+        str(python), "-m", "pip", "install", "-q", "-e", ".[test]", pyspark, *pins, *more, external=True
+    )
+    return str(python)
+
+
 @nox.session(python=False)
 @nox.parametrize("line", list(LINES))
 def compat(session: nox.Session, line: str) -> None:
     """The compatibility suite on pyspark `line` (a virtualenv of its own under .nox/)."""
-    venv = Path(".nox") / f"compat-{line}"
-    python = venv / "bin" / "python"
-    if not python.exists():
-        session.run_install("python", "-m", "venv", str(venv), external=True)
-    pins = [f"pyspark[connect]=={LINES[line]}"]
-    if line == "3.5":
-        pins += ["numpy<2", "pyarrow>=15,<21"]
-    session.run_install(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
+    python = _venv(session, f"compat-{line}", line)
     env = {"FLOWSPARK_TEST_SERVER_HOME": os.environ.get("FLOWSPARK_TEST_SERVER_HOME", _newest_pyspark_home())}
     runs = [*RUNS, CONNECT_RUNS[line]] if line in CONNECT_RUNS else RUNS
     for args in runs:
-        pytest = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, *session.posargs]
+        pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, *session.posargs]
         session.run(*pytest, env=env, external=True)
 
 
@@ -95,14 +102,9 @@ DELTA = DELTA_FOR["4.2"]
 
 def _kafka_venv(session: nox.Session) -> str:
     """The interpreter of `compat(line='4.2')`'s virtualenv with Delta Lake and the jars Kafka and Delta need."""
-    venv = Path(".nox") / "compat-4.2"
-    python = venv / "bin" / "python"
-    if not python.exists():
-        session.run_install("python", "-m", "venv", str(venv), external=True)
-    pins = [f"pyspark[connect]=={LINES['4.2']}", f"delta-spark=={DELTA}"]
-    session.run_install(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
-    session.run_install(str(python), "scripts/fetch_jars.py", "connector", "broker", "delta", external=True)
-    return str(python)
+    python = _venv(session, "compat-4.2", "4.2", f"delta-spark=={DELTA}")
+    session.run_install(python, "scripts/fetch_jars.py", "connector", "broker", "delta", external=True)
+    return python
 
 
 @nox.session(python=False)
@@ -132,14 +134,7 @@ def delta(session: nox.Session, line: str) -> None:
     A virtualenv of its own (.nox/delta-LINE: the compat suite's stays without Delta), the jars
     `scripts/fetch_jars.py delta` caches for that pyspark, then `tests/spark/test_delta_e2e.py`.
     """
-    venv = Path(".nox") / f"delta-{line}"
-    python = venv / "bin" / "python"
-    if not python.exists():
-        session.run_install("python", "-m", "venv", str(venv), external=True)
-    pins = [f"pyspark[connect]=={LINES[line]}", f"delta-spark=={DELTA_FOR[line]}"]
-    if line == "3.5":
-        pins += ["numpy<2", "pyarrow>=15,<21"]
-    session.run_install(str(python), "-m", "pip", "install", "-q", "-e", ".[test]", *pins, external=True)
-    session.run_install(str(python), "scripts/fetch_jars.py", "delta", external=True)
-    pytest = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/spark/test_delta_e2e.py"]
+    python = _venv(session, f"delta-{line}", line, f"delta-spark=={DELTA_FOR[line]}")
+    session.run_install(python, "scripts/fetch_jars.py", "delta", external=True)
+    pytest = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/spark/test_delta_e2e.py"]
     session.run(*pytest, *session.posargs, external=True)

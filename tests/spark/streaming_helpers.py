@@ -68,6 +68,19 @@ def write_jsonl(path: str, rows: list[Any]) -> None:
     os.replace(tmp, path)
 
 
+def delta_log_actions(table: Any, kind: str) -> list[dict[str, Any]]:
+    """The `kind` actions (`add`, `txn`, ...) of a Delta table's transaction log, in commit order."""
+    from pathlib import Path
+
+    out = []
+    for f in sorted((Path(table) / "_delta_log").glob("*.json")):
+        for line in f.read_text().splitlines():
+            action = json.loads(line)
+            if kind in action:
+                out.append(action[kind])
+    return out
+
+
 def count_mapper(state: Optional[int], _value: Any) -> tuple[int, int]:
     n = (state or 0) + 1
     return n, n

@@ -50,13 +50,9 @@ def _commits(chk: Path) -> list[int]:
 
 def _txn_versions(table: Path) -> list[int]:
     """The micro-batch ids Delta's transaction log recorded for the query (one `txn` action per streaming commit)."""
-    out = []
-    for f in sorted((table / "_delta_log").glob("*.json")):
-        for line in f.read_text().splitlines():
-            action = json.loads(line)
-            if "txn" in action:
-                out.append(action["txn"]["version"])
-    return out
+    from streaming_helpers import delta_log_actions
+
+    return [txn["version"] for txn in delta_log_actions(table, "txn")]
 
 
 @pytest.fixture(scope="module")

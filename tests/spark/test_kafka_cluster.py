@@ -65,13 +65,9 @@ FLOW = textwrap.dedent(
 def _delta_rows(table: Path) -> list[tuple[str, int]]:
     """The rows of an append-only Delta table: the parquet files its log adds."""
     import pyarrow.parquet as pq
+    from streaming_helpers import delta_log_actions
 
-    added = []
-    for log in sorted((table / "_delta_log").glob("*.json")):
-        for line in log.read_text().splitlines():
-            action = json.loads(line)
-            if "add" in action:
-                added.append(table / action["add"]["path"])
+    added = [table / add["path"] for add in delta_log_actions(table, "add")]
     return [(r["user"], r["n"]) for f in added for r in pq.read_table(f).to_pylist()]
 
 
