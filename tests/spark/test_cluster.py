@@ -285,6 +285,7 @@ def test_submit_reports_user_error_in_one_line(cluster, project, tmp_path):
 
 CARTS = textwrap.dedent(
     """
+    import time
     from datetime import timedelta
 
     import flowspark.operators as op
@@ -294,6 +295,7 @@ CARTS = textwrap.dedent(
 
     IN_SCHEMA = "user STRING, action STRING, amount LONG, after DOUBLE"
     OUT_SCHEMA = "user STRING, outcome STRING, items LONG, total LONG"
+    BUSY_SCALE = 1.0  # the in-memory reference sets 0: a busy event changes no state
 
 
     class CartLogic(op.StatefulLogic):
@@ -303,6 +305,9 @@ CARTS = textwrap.dedent(
             self.cart = resume  # (user, items, total, abandoned at) or None
 
         def on_item(self, event):
+            if event["action"] == "busy":  # the user's code takes a while; the cart is unchanged
+                time.sleep(event["after"] * BUSY_SCALE)
+                return [], self.RETAIN if self.cart is not None else self.DISCARD
             user, items, total, _ = self.cart or (event["user"], 0, 0, None)
             if event["action"] == "pay":
                 self.cart = None
@@ -341,6 +346,7 @@ CARTS = textwrap.dedent(
 
 PARTITIONS = 4  # spark.sql.shuffle.partitions: the stateful stage's tasks (the sources' stage has 2)
 LONG = 8.0  # seconds: the timeout of the carts left just before the driver is killed
+BUSY = 0.5  # seconds each key's logic sleeps in the second file, so its stateful tasks run for seconds
 
 
 def _ev(user: str, action: str, amount: Optional[int] = None, after: Optional[float] = None) -> dict[str, Any]:
@@ -352,8 +358,10 @@ FILES = [
     [_ev(f"u{i:02d}", "add", 10 + i) for i in range(16)]
     + [_ev(f"u{i:02d}", "add", 1) for i in range(0, 16, 3)]
     + [_ev(f"u{i:02d}", "leave", after=1.0) for i in range(4)],
+    # every key's task is busy for a while first (so the executor is killed mid-task);
     # u00 is back (a new cart); four pay; two leave
-    [_ev("u00", "add", 5), _ev("u00", "add", 6), *(_ev(f"u{i:02d}", "pay") for i in range(4, 8))]
+    [_ev(f"u{i:02d}", "busy", after=BUSY) for i in range(16)]
+    + [_ev("u00", "add", 5), _ev("u00", "add", 6), *(_ev(f"u{i:02d}", "pay") for i in range(4, 8))]
     + [_ev("u08", "leave", after=1.0), _ev("u09", "leave", after=1.0), _ev("u10", "add", 7)],
     # two pay; two leave with a longer timeout, still pending when the driver is killed
     [_ev("u10", "pay"), _ev("u11", "pay"), _ev("u12", "leave", after=LONG), _ev("u13", "leave", after=LONG)]
@@ -438,12 +446,22 @@ def _stateful_tasks(ui: int, app: str, status: str) -> list[dict[str, Any]]:
     ]
 
 
+def _running_for(task: dict[str, Any]) -> float:
+    """Seconds since the task was launched (its `launchTime`, e.g. `2026-01-01T00:00:00.123GMT`)."""
+    launched = datetime.strptime(task["launchTime"].replace("GMT", "+0000"), "%Y-%m-%dT%H:%M:%S.%f%z")
+    return time.time() - launched.timestamp()
+
+
 def _kill_executor_running_a_stateful_task(cluster: Cluster, ui: int, app: str, timeout: float = 120):
-    """Find a running stateful task, kill -9 its executor's JVM (that pid only); return (task, pid)."""
+    """Find a stateful task busy with the second file, kill -9 its executor's JVM (that pid only); return (task, pid).
+
+    The trigger's no-data micro-batches (for the timers) run stateful tasks too, done in
+    milliseconds: a task running for longer than half a busy key's sleep is the second file's.
+    """
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for task in _stateful_tasks(ui, app, "active"):
-            if task["status"] != "RUNNING":
+            if task["status"] != "RUNNING" or _running_for(task) < BUSY / 2:
                 continue
             pids = {eid: pid for worker, _work in cluster.workers for eid, pid in _executor_pids(worker).items()}
             if task["executorId"] in pids:
@@ -472,6 +490,7 @@ def _in_memory(cwd: Path, pkg: str) -> list[dict[str, Any]]:
     assert spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    mod.BUSY_SCALE = 0.0
     events: list[Any] = []
     for batch in FILES:  # each file, then more than the longest timeout of idle input
         events += [*batch, TestingSource.PAUSE(timedelta(minutes=1))]
