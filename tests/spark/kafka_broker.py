@@ -106,6 +106,32 @@ class Broker:
             admin.close()
         return name
 
+    def read_topic(self, topic: str, timeout: float = 60.0) -> list:
+        """Every record `topic` holds now, each partition's in offset order (partition by partition).
+
+        Reads up to the partitions' end offsets, taken first: no idle wait for records that
+        will not come (a consumer's `consumer_timeout_ms` costs its whole wait on every read).
+        """
+        from kafka import KafkaConsumer, TopicPartition
+
+        consumer = KafkaConsumer(bootstrap_servers=self.bootstrap, enable_auto_commit=False)
+        try:
+            parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            consumer.assign(parts)
+            consumer.seek_to_beginning(*parts)
+            end = consumer.end_offsets(parts)
+            got: dict = {tp: [] for tp in parts}
+            deadline = time.monotonic() + timeout
+            while any(consumer.position(tp) < end[tp] for tp in parts):
+                if time.monotonic() > deadline:
+                    have = {tp.partition: len(got[tp]) for tp in parts}
+                    raise AssertionError(f"{topic}: read {have} of {end} records in {timeout} s")
+                for tp, records in consumer.poll(timeout_ms=500).items():
+                    got[tp] += records
+        finally:
+            consumer.close()
+        return [m for tp in parts for m in got[tp]]
+
 
 @contextlib.contextmanager
 def broker(workdir: Path) -> Iterator[Broker]:
