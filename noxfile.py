@@ -5,8 +5,7 @@ installs. The compatibility suite runs what differs between Spark versions on ev
 
     python -m nox -s compat            # every other line: 3.5, 4.0, 4.1, 4.2
     python -m nox -s "compat(line='3.5')"   # one line (CI runs the oldest)
-    python -m nox -s kafka             # Kafka and Delta Lake end to end on 4.2 (see `kafka`; CI runs it)
-    python -m nox -s kafka_cluster     # a Kafka -> Delta stream submitted to a standalone cluster, on 4.2
+    python -m nox -s kafka             # Kafka and Delta Lake end to end on 4.2, local and on a cluster (CI runs it)
     python -m nox -s delta             # Delta Lake end to end on 3.5, 4.0 and 4.1 (see `delta`)
 
 Each session installs with `session.run_install`, so `--install-only` prepares its virtualenv and
@@ -92,8 +91,10 @@ def compat(session: nox.Session, line: str) -> None:
 
 #: The Kafka and Delta tests: a real broker, Spark's Kafka connector (none is published for the newest
 #: line's pyspark), Delta Lake (none is built for it).
-#: The flows through Kafka and Delta Lake (the broker's own test, which needs no Spark, runs in the full suite).
-KAFKA_RUNS = ["tests/spark/test_kafka_e2e.py", "tests/spark/test_delta_e2e.py"]
+#: The flows through Kafka and Delta Lake, in a local session and submitted to a standalone cluster
+#: (`--packages`: spark-submit resolves the connector and Delta with Ivy). The broker's own test,
+#: which needs no Spark, runs in the full suite.
+KAFKA_RUNS = ["tests/spark/test_kafka_e2e.py", "tests/spark/test_delta_e2e.py", "tests/spark/test_kafka_cluster.py"]
 #: The Delta Lake release built for each line (`flowspark.spark.io.delta.DELTA_RELEASES`; none for 4.3).
 DELTA_FOR = {"3.5": "3.3.2", "4.0": "4.4.0", "4.1": "4.4.0", "4.2": "4.4.0"}
 #: The Delta Lake release paired with pyspark 4.2.0, the line `kafka` runs.
@@ -112,18 +113,6 @@ def kafka(session: nox.Session) -> None:
     """Kafka and Delta Lake end to end on pyspark 4.2.0, in the virtualenv of `compat(line='4.2')` (.nox/compat-4.2)."""
     python = _kafka_venv(session)
     session.run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *KAFKA_RUNS, *session.posargs, external=True)
-
-
-@nox.session(python=False)
-def kafka_cluster(session: nox.Session) -> None:
-    """`flowspark submit` of a Kafka -> Delta Lake stream to a standalone cluster, its jars from `--packages`.
-
-    spark-submit resolves the packages with Ivy (from Maven, into its cache) on pyspark 4.2.0;
-    about 75 s with a warm Ivy cache. Not in `.ci/run`: CI's run is near its 60-minute line.
-    """
-    python = _kafka_venv(session)
-    cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/spark/test_kafka_cluster.py"]
-    session.run(*cmd, *session.posargs, external=True)
 
 
 @nox.session(python=False)

@@ -6,7 +6,7 @@ that uses them, spark-submit resolves them with Ivy into its cache and ships the
 executors. Here a keyed running count reads a 3-partition topic of the session's broker and
 writes a Kafka topic and a Delta table, `available_now`, on the cluster of `test_cluster.py`
 (its module fixture: one master, two one-core workers). Runs where Spark's Kafka connector and a
-Delta release exist (pyspark 4.2: `python -m nox -s kafka_cluster`); elsewhere it skips naming
+Delta release exist (pyspark 4.2: `python -m nox -s kafka`); elsewhere it skips naming
 that command, as the other Kafka tests do.
 """
 
@@ -28,7 +28,7 @@ from flowspark.spark.io.kafka import connector_published  # noqa: E402
 if not connector_published() or delta_package() is None:
     pytest.skip(
         f"Spark's Kafka connector or Delta Lake is not published for pyspark {pyspark.__version__}: "
-        "run `python -m nox -s kafka_cluster` (pyspark 4.2)",
+        "run `python -m nox -s kafka` (pyspark 4.2)",
         allow_module_level=True,
     )
 
