@@ -39,12 +39,24 @@ def _entry(n: int, at: Any = None) -> tuple[Any, Any, bytes]:
     return ([(n,)], at, b"run")
 
 
-@pytest.mark.parametrize("seed", range(4))
+def _check_copies(table: ChunkTable, ms: FakeMapState) -> None:
+    """Each chunk row holds what `sizes` says; a copied key is hot and in its chunk, a clean copy equal to it."""
+    chunks = {cid: pickle.loads(blob) for cid, blob in ms.rows.items()}
+    assert {c: n for c, n in table.sizes.items() if n} == {c: len(ch) for c, ch in chunks.items()}
+    for key, clean in table.copied.items():
+        assert key in table.hot
+        stored = chunks[chunk_of(key, table.n)]
+        assert key in stored
+        assert (stored[key] == table.hot[key]) or not clean
+
+
+@pytest.mark.parametrize("seed", range(8))
 def test_random_calls_match_a_dict_and_chunks_split(seed):
     rng = random.Random(seed)
     ms, meta, ref = FakeMapState(), None, {}
+    hot_cap = 4 if seed < 4 else 16
     for call in range(150):
-        table = ChunkTable(ms, meta, hot_cap=4, chunk_keys=3)
+        table = ChunkTable(ms, meta, hot_cap=hot_cap, chunk_keys=3)
         for _ in range(rng.randint(0, 25)):
             key = f"k{rng.randint(0, 250)}"
             assert table.get(key) == ref.get(key)
@@ -55,19 +67,20 @@ def test_random_calls_match_a_dict_and_chunks_split(seed):
                 ref[key] = table[key] = _entry(call, at)
         table.flush()
         meta = table.meta()
+        _check_copies(table, ms)
         assert table.keys == len(table) == len(ref)
         assert table.pending_at() == {k: e[1] for k, e in ref.items() if e[1] is not None}
         now = T0 + timedelta(seconds=150)
         assert table.due(now) == sorted((e[1], k) for k, e in ref.items() if e[1] is not None and e[1] <= now)
         ats = [e[1] for e in ref.values() if e[1] is not None]
         assert table.earliest() == (min(ats) if ats else None)
-    final = ChunkTable(ms, meta, hot_cap=4, chunk_keys=3)
+    final = ChunkTable(ms, meta, hot_cap=hot_cap, chunk_keys=3)
     assert {k: final.get(k) for k in ref} == ref
     # The cold keys sit in the chunk their hash names; the chunk count doubled to keep chunks small.
     assert final.n >= len(ref) / 3 / 2
     for cid, blob in ms.rows.items():
         assert all(chunk_of(k, final.n) == cid for k in pickle.loads(blob))
-    assert len(final.hot) == 4
+    assert len(final.hot) == hot_cap
 
 
 def test_a_call_over_hot_keys_makes_no_chunk_call():
@@ -88,6 +101,67 @@ def test_a_call_over_hot_keys_makes_no_chunk_call():
     table["k0"] = _entry(5)
     table.flush()
     assert ms.calls - before <= 4
+
+
+def test_new_hot_keys_after_a_fill_read_their_chunks_and_write_none():
+    """A fill leaves clean copies of its last keys; touching other cold keys then rewrites no chunk."""
+    ms = FakeMapState()
+    table = ChunkTable(ms, None, hot_cap=50, chunk_keys=20)
+    for i in range(2000):
+        table[f"k{i}"] = _entry(i)
+    table.flush()
+    assert len(table.copied) == 50
+    assert all(table.copied.values())
+    rows = dict(ms.rows)
+    # The first call over 50 other keys: the chunks they sit in are read, none is written.
+    hot = [f"k{i}" for i in range(0, 1000, 20)]
+    table = ChunkTable(ms, table.meta(), hot_cap=50, chunk_keys=20)
+    before = ms.calls
+    for key in hot:
+        table[key] = _entry(table.get(key)[0][0][0] + 1)
+    table.flush()
+    assert ms.calls - before == len({chunk_of(k, table.n) for k in hot})
+    assert ms.rows == rows
+    assert set(table.hot) == set(hot)
+    assert table.keys == 2000
+    # The next calls over the same keys make no chunk call; the stale copies never show.
+    table = ChunkTable(ms, table.meta(), hot_cap=50, chunk_keys=20)
+    before = ms.calls
+    assert [table.get(k)[0][0][0] for k in hot] == [int(k[1:]) + 1 for k in hot]
+    table.flush()
+    assert ms.calls == before
+    # Pushed out by other keys, a changed key is written back to its chunk.
+    table = ChunkTable(ms, table.meta(), hot_cap=50, chunk_keys=20)
+    for i in range(1, 101, 2):
+        table[f"k{i}"] = _entry(0)
+    table.flush()
+    final = ChunkTable(ms, table.meta(), hot_cap=50, chunk_keys=20)
+    assert [final.get(k)[0][0][0] for k in hot] == [int(k[1:]) + 1 for k in hot]
+    assert final.keys == 2000
+    _check_copies(final, ms)
+
+
+def test_a_dropped_key_takes_its_chunk_copy_with_it():
+    ms = FakeMapState()
+    table = ChunkTable(ms, None, hot_cap=2, chunk_keys=10)
+    for i in range(30):
+        table[f"k{i}"] = _entry(i, T0 + timedelta(seconds=i))
+    table.flush()
+    table = ChunkTable(ms, table.meta(), hot_cap=2, chunk_keys=10)
+    assert table.get("k3") == _entry(3, T0 + timedelta(seconds=3))
+    table["k3"] = _entry(4)  # a cold key changes: a stale copy stays in its chunk, waiting no longer
+    table.flush()
+    assert table.copied.get("k3") is False
+    assert table.pending_count() == 29
+    assert "k3" not in table.pending_at()
+    assert (T0 + timedelta(seconds=3), "k3") not in table.due(T0 + timedelta(seconds=10))
+    table = ChunkTable(ms, table.meta(), hot_cap=2, chunk_keys=10)
+    assert table.pop("k3") == _entry(4)
+    table.flush()
+    _check_copies(table, ms)
+    assert table.keys == 29
+    final = ChunkTable(ms, table.meta(), hot_cap=2, chunk_keys=10)
+    assert final.get("k3") is None
 
 
 def test_a_chunk_spark_dropped_by_ttl_leaves_the_count():
@@ -153,3 +227,39 @@ def test_a_bookkeeping_row_from_before_the_chunk_counts_is_split_on_load():
     now = T0 + timedelta(seconds=20)
     assert table.due(now) == sorted((e[1], k) for k, e in ref.items() if e[1] is not None and e[1] <= now)
     assert set(table.pending) <= set(table.hot)
+
+
+def test_a_bucket_written_before_copies_goes_on():
+    """A bookkeeping row without `copied` (its hot keys in no chunk) loads, and the table goes on matching a dict."""
+    rng = random.Random(5)
+    ms = FakeMapState()
+    table = ChunkTable(ms, None, hot_cap=8, chunk_keys=5)
+    ref = {f"k{i}": _entry(i, T0 + timedelta(seconds=i) if i % 4 == 0 else None) for i in range(120)}
+    for key, ent in ref.items():
+        table[key] = ent
+    table.flush()
+    # What the earlier code stored: the hot keys only in the bookkeeping row, no "copied".
+    old = pickle.loads(table.meta())
+    for key in old.pop("copied"):
+        cid = chunk_of(key, old["n"])
+        chunk = pickle.loads(ms.rows[cid])
+        del chunk[key]
+        ms.rows[cid] = pickle.dumps(chunk)
+        old["sizes"][cid] -= 1
+    meta = pickle.dumps(old)
+    for call in range(60):
+        table = ChunkTable(ms, meta, hot_cap=8, chunk_keys=5)
+        assert table.keys == len(ref)
+        for _ in range(rng.randint(0, 12)):
+            key = f"k{rng.randint(0, 160)}"
+            assert table.get(key) == ref.get(key)
+            if rng.random() < 0.2:
+                assert table.pop(key, None) == ref.pop(key, None)
+            else:
+                ref[key] = table[key] = _entry(call, T0 + timedelta(seconds=call) if rng.random() < 0.3 else None)
+        table.flush()
+        meta = table.meta()
+        _check_copies(table, ms)
+        assert table.pending_at() == {k: e[1] for k, e in ref.items() if e[1] is not None}
+    final = ChunkTable(ms, meta, hot_cap=8, chunk_keys=5)
+    assert {k: final.get(k) for k in ref} == ref

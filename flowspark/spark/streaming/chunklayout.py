@@ -5,10 +5,15 @@ bookkeeping row (the keys waiting for a notification, the registered timer, and 
 entries of the bucket's last `HOT_PER_BUCKET` touched keys: the hot tier). The other
 keys sit in `MapState` rows holding many keys each: a key's chunk is
 `crc32(key) % chunks`, the bucket's chunk count doubling whenever its cold keys pass
-`CHUNK_KEYS` per chunk on average. A micro-batch reads and rewrites only the chunks of
-the cold keys it touches (and of the keys leaving the hot tier), once per chunk and
+`CHUNK_KEYS` per chunk on average. A micro-batch reads the chunks of the cold keys it
+touches and rewrites the chunks of the keys leaving the hot tier, once per chunk and
 call: a stream of new keys costs a few state calls per chunk, not two per key, and a
-micro-batch over hot keys costs no chunk call at all. A cold key's pending `notify_at`
+micro-batch over hot keys costs no chunk call at all. A cold key that joins the hot tier
+keeps its copy in its chunk (stale from then on, the hot tier's entry wins), and a chunk
+written anyway also gets the current entries of its hot keys (clean copies): a hot key
+whose copy is clean leaves the hot tier without a write. So the first micro-batch over a
+new set of hot keys reads their chunks without rewriting them, and the keys it pushes out
+of the hot tier after a fill cost nothing. A cold key's pending `notify_at`
 stays in its entry in the chunk; the bookkeeping row keeps per chunk only the earliest
 pending time and the count, so a micro-batch reads a chunk for its timers only when one
 is due, and the bookkeeping row does not grow with the cold keys waiting for a
@@ -61,9 +66,10 @@ class ChunkTable:
         chunks: The stage's `MapState` (`chunk number -> pickled {key: entry}`).
         meta: The bucket's bookkeeping (pickled `{"pending": {hot key: notify_at in µs since the epoch},
             "cpend": {chunk: (earliest notify_at in µs, keys waiting)}, "timer": registered timer in ms or
-            None, "hot": {key: entry}, "n": chunk count, "sizes": {chunk: keys stored in it}}`), or
-            `None`. A row written before `cpend` existed has every waiting key in `pending`: it
-            is split on load.
+            None, "hot": {key: entry}, "n": chunk count, "sizes": {chunk: entries stored in it},
+            "copied": {hot key: whether its chunk's copy is current}}`), or `None`. A row
+            written before `cpend` existed has every waiting key in `pending`: it is split on
+            load; one written before `copied` existed has no copies.
         hot_cap: The most keys of the hot tier.
         chunk_keys: Cold keys per chunk (on average) past which the chunk count doubles.
     """
@@ -82,6 +88,10 @@ class ChunkTable:
         self.n: int = m.get("n", 1)
         self.sizes: dict[int, int] = m.get("sizes", {})
         self.cpend: dict[int, tuple[int, int]] = m.get("cpend", {})
+        # The hot keys with an entry in their chunk too: True when that entry is the hot one
+        # (clean), False when the key changed since (stale). `sizes` and the chunks count these
+        # copies; `cpend`, `due` and `pending_at` leave them out (the hot tier's `pending` has them).
+        self.copied: dict[str, bool] = m.get("copied", {})
         self.changed = meta is None  # whether the bookkeeping must be written back
         if meta is not None and "cpend" not in m:
             self._split_pending()
@@ -101,7 +111,7 @@ class ChunkTable:
     @property
     def keys(self) -> int:
         """The number of keys of the bucket (as of the last `flush`)."""
-        return len(self.hot) + sum(self.sizes.values())
+        return len(self.hot) + sum(self.sizes.values()) - len(self.copied)
 
     def __len__(self) -> int:
         """The number of keys of the bucket (as of the last `flush`)."""
@@ -123,6 +133,8 @@ class ChunkTable:
                 else:  # every key of it outlived the state TTL: Spark dropped the row unread
                     del self.sizes[cid]
                     self.cpend.pop(cid, None)
+                    for key in [k for k in self.copied if chunk_of(k, self.n) == cid]:
+                        del self.copied[key]  # its hot entry is its only one now
                     self.changed = True
             self._loaded[cid] = chunk
         return chunk
@@ -176,7 +188,7 @@ class ChunkTable:
         out = [(_EPOCH + at * _US, key) for key, at in self.pending.items() if at <= limit]
         for cid in [c for c, (first, _n) in self.cpend.items() if first <= limit]:
             for key, ent in self._chunk(cid).items():
-                if ent[1] is not None and ent[1] <= now and key not in self._seen:
+                if ent[1] is not None and ent[1] <= now and key not in self._seen and key not in self.copied:
                     out.append((ent[1], key))
         return sorted(out)
 
@@ -185,7 +197,7 @@ class ChunkTable:
         out = {}
         for cid in list(self.cpend):
             for key, ent in self._chunk(cid).items():
-                if ent[1] is not None and key not in self._seen:
+                if ent[1] is not None and key not in self._seen and key not in self.copied:
                     out[key] = ent[1]
         out.update({key: _EPOCH + at * _US for key, at in self.pending.items()})
         return out
@@ -195,28 +207,24 @@ class ChunkTable:
         if not self._seen:
             return
         self.changed = True
-        hot = self.hot
-        for key, ent in self._seen.items():
-            if hot.pop(key, None) is None:
-                cid = chunk_of(key, self.n)
-                chunk = self._chunk(cid) if self.sizes.get(cid) else None
-                if chunk is not None and chunk.pop(key, None) is not None:
-                    self._dirty.add(cid)
-            if ent is not None:
-                hot[key] = ent
-        self._seen.clear()
-        extra = len(hot) - self.hot_cap
-        if extra > 0:
-            for key in list(itertools.islice(hot, extra)):
-                cid = chunk_of(key, self.n)
-                self._chunk(cid)[key] = hot.pop(key)
-                self.pending.pop(key, None)  # its notify_at is in the chunk's entry now
-                self._dirty.add(cid)
-        for cid in self._dirty:
+        recount = self._store_seen()
+        self._evict()
+        dirty = self._dirty
+        if dirty:  # chunks written anyway take their hot keys' entries: clean copies
+            for key, ent in self.hot.items():
+                if not self.copied.get(key):
+                    cid = chunk_of(key, self.n)
+                    if cid in dirty:
+                        self._loaded[cid][key] = ent
+                        self.copied[key] = True
+        for cid in dirty:
             self.sizes[cid] = len(self._loaded[cid])
         while sum(self.sizes.values()) > self.n * self.chunk_keys:
             self._double()
-        for cid in sorted(self._dirty):
+        for cid in recount - dirty:
+            if cid in self._loaded:
+                self._count_pending(cid, self._loaded[cid])
+        for cid in sorted(dirty):
             chunk = self._loaded[cid]
             self._count_pending(cid, chunk)
             if chunk:
@@ -224,11 +232,58 @@ class ChunkTable:
             else:
                 self.chunks.removeKey((cid,))
                 self.sizes.pop(cid, None)
-        self._dirty.clear()
+        dirty.clear()
+
+    def _store_seen(self) -> set[int]:
+        """Put this call's keys in the hot tier (a dropped key leaves its chunk); return the chunks to recount.
+
+        A cold key keeps its copy in its chunk (stale now): the chunks whose `cpend` counted it
+        must be counted again without it.
+        """
+        hot, copied = self.hot, self.copied
+        recount: set[int] = set()
+        for key, ent in self._seen.items():
+            was_hot = hot.pop(key, None) is not None
+            if was_hot and key not in copied:
+                if ent is not None:
+                    hot[key] = ent
+                continue
+            cid = chunk_of(key, self.n)
+            in_chunk = was_hot or (bool(self.sizes.get(cid)) and key in self._chunk(cid))
+            if ent is None:  # dropped: its copy goes too
+                copied.pop(key, None)
+                if in_chunk and self._chunk(cid).pop(key, None) is not None:
+                    self._dirty.add(cid)
+                continue
+            hot[key] = ent
+            if in_chunk:
+                copied[key] = False  # the chunk keeps the old entry: stale
+                if not was_hot and cid in self.cpend:
+                    recount.add(cid)
+        self._seen.clear()
+        return recount
+
+    def _evict(self) -> None:
+        """Move the least recent hot keys beyond `hot_cap` to their chunks (a clean copy is there already)."""
+        hot = self.hot
+        extra = len(hot) - self.hot_cap
+        for key in list(itertools.islice(hot, max(extra, 0))):
+            ent = hot.pop(key)
+            self.pending.pop(key, None)  # its notify_at is in the chunk's entry now
+            cid = chunk_of(key, self.n)
+            if self.copied.pop(key, False):  # the chunk holds this entry already: count its notify_at
+                if ent[1] is not None and cid not in self._dirty:
+                    at = (ent[1] - _EPOCH) // _US
+                    first, count = self.cpend.get(cid, (at, 0))
+                    self.cpend[cid] = (min(first, at), count + 1)
+                continue
+            self._chunk(cid)[key] = ent
+            self._dirty.add(cid)
 
     def _count_pending(self, cid: int, chunk: dict[str, Any]) -> None:
         """Record chunk `cid`'s earliest pending `notify_at` and its count (`cpend`), or drop it."""
-        ats = [ent[1] for ent in chunk.values() if ent[1] is not None]
+        copied = self.copied
+        ats = [ent[1] for key, ent in chunk.items() if ent[1] is not None and key not in copied]
         if ats:
             self.cpend[cid] = ((min(ats) - _EPOCH) // _US, len(ats))
         else:
@@ -263,6 +318,7 @@ class ChunkTable:
                 "hot": self.hot,
                 "n": self.n,
                 "sizes": sizes,
+                "copied": self.copied,
             }
         )
 

@@ -390,7 +390,8 @@ class Lowering:
                 f"layout 'chunk': entries (snapshots, notify_at, run), snapshots[i] = None or (snapshot of {which},); "
                 f"a bucket's row holds its last {HOT_PER_BUCKET} touched keys' entries and which keys wait for a "
                 f"notification, the other keys sit in MapState chunks (crc32(key) % chunks, the count doubling past "
-                f"{CHUNK_KEYS} keys per chunk) read and rewritten only when one of their keys is touched{timeout}; "
+                f"{CHUNK_KEYS} keys per chunk) read when one of their keys is touched and rewritten when one leaves "
+                f"the hot tier changed (a touched key's copy stays in its chunk){timeout}; "
                 "the bucket count is fixed for a checkpoint"
             )
         if self.layout == "key":

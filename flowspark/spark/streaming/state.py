@@ -24,8 +24,8 @@ a checkpoint from before layouts were recorded is `"bucket"`):
   table and processor are in `flowspark.spark.streaming.keylayout`.
 - `"chunk"`: as `"key"`, but the cold keys sit in `MapState` rows of many keys each
   (chunks by a hash of the key, their count doubling as the bucket grows): a micro-batch
-  reads and rewrites only the chunks of the cold keys it touches, once each
-  (`flowspark.spark.streaming.chunklayout`).
+  reads only the chunks of the cold keys it touches, once each, and rewrites those of the
+  keys leaving the hot tier changed (`flowspark.spark.streaming.chunklayout`).
 """
 
 from __future__ import annotations
