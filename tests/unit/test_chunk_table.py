@@ -50,6 +50,17 @@ def _check_copies(table: ChunkTable, ms: FakeMapState) -> None:
         assert (stored[key] == table.hot[key]) or not clean
 
 
+def _random_ops(rng: random.Random, table: ChunkTable, ref: dict, call: int, ops: int, keys: int, at_of) -> None:
+    """`ops` random gets, then pops or sets (`at_of(call)`: the entry's notify_at) of keys `k0..k<keys>`, on both."""
+    for _ in range(ops):
+        key = f"k{rng.randint(0, keys)}"
+        assert table.get(key) == ref.get(key)
+        if rng.random() < 0.2:
+            assert table.pop(key, None) == ref.pop(key, None)
+        else:
+            ref[key] = table[key] = _entry(call, at_of(call))
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_random_calls_match_a_dict_and_chunks_split(seed):
     rng = random.Random(seed)
@@ -57,14 +68,15 @@ def test_random_calls_match_a_dict_and_chunks_split(seed):
     hot_cap = 4 if seed < 4 else 16
     for call in range(150):
         table = ChunkTable(ms, meta, hot_cap=hot_cap, chunk_keys=3)
-        for _ in range(rng.randint(0, 25)):
-            key = f"k{rng.randint(0, 250)}"
-            assert table.get(key) == ref.get(key)
-            if rng.random() < 0.2:
-                assert table.pop(key, None) == ref.pop(key, None)
-            else:
-                at = T0 + timedelta(seconds=rng.randint(0, 300)) if rng.random() < 0.3 else None
-                ref[key] = table[key] = _entry(call, at)
+        _random_ops(
+            rng,
+            table,
+            ref,
+            call,
+            rng.randint(0, 25),
+            250,
+            lambda _call: T0 + timedelta(seconds=rng.randint(0, 300)) if rng.random() < 0.3 else None,
+        )
         table.flush()
         meta = table.meta()
         _check_copies(table, ms)
@@ -247,16 +259,14 @@ def test_a_bucket_written_before_copies_goes_on():
         ms.rows[cid] = pickle.dumps(chunk)
         old["sizes"][cid] -= 1
     meta = pickle.dumps(old)
+
+    def at_of(call: int) -> Any:
+        return T0 + timedelta(seconds=call) if rng.random() < 0.3 else None
+
     for call in range(60):
         table = ChunkTable(ms, meta, hot_cap=8, chunk_keys=5)
         assert table.keys == len(ref)
-        for _ in range(rng.randint(0, 12)):
-            key = f"k{rng.randint(0, 160)}"
-            assert table.get(key) == ref.get(key)
-            if rng.random() < 0.2:
-                assert table.pop(key, None) == ref.pop(key, None)
-            else:
-                ref[key] = table[key] = _entry(call, T0 + timedelta(seconds=call) if rng.random() < 0.3 else None)
+        _random_ops(rng, table, ref, call, rng.randint(0, 12), 160, at_of)
         table.flush()
         meta = table.meta()
         _check_copies(table, ms)

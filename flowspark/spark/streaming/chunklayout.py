@@ -102,10 +102,7 @@ class ChunkTable:
     def _split_pending(self) -> None:
         """Move the cold keys of a bookkeeping row written before `cpend` from `pending` to `cpend`."""
         for key in [k for k in self.pending if k not in self.hot]:
-            at = self.pending.pop(key)
-            cid = chunk_of(key, self.n)
-            first, count = self.cpend.get(cid, (at, 0))
-            self.cpend[cid] = (min(first, at), count + 1)
+            self._count_in(chunk_of(key, self.n), self.pending.pop(key))
             self.changed = True
 
     @property
@@ -273,12 +270,15 @@ class ChunkTable:
             cid = chunk_of(key, self.n)
             if self.copied.pop(key, False):  # the chunk holds this entry already: count its notify_at
                 if ent[1] is not None and cid not in self._dirty:
-                    at = (ent[1] - _EPOCH) // _US
-                    first, count = self.cpend.get(cid, (at, 0))
-                    self.cpend[cid] = (min(first, at), count + 1)
+                    self._count_in(cid, (ent[1] - _EPOCH) // _US)
                 continue
             self._chunk(cid)[key] = ent
             self._dirty.add(cid)
+
+    def _count_in(self, cid: int, at: int) -> None:
+        """Count one more key of chunk `cid` waiting for a notification at `at` (µs since the epoch) in `cpend`."""
+        first, count = self.cpend.get(cid, (at, 0))
+        self.cpend[cid] = (min(first, at), count + 1)
 
     def _count_pending(self, cid: int, chunk: dict[str, Any]) -> None:
         """Record chunk `cid`'s earliest pending `notify_at` and its count (`cpend`), or drop it."""
