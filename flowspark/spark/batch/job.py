@@ -61,7 +61,7 @@ from flowspark.spark.worker.codec import (
     source_seq,
 )
 from flowspark.spark.worker.rows import RowSchema, row_schema
-from flowspark.spark.worker.stage import dict_rows, no_gc, stage_function
+from flowspark.spark.worker.stage import dict_rows, no_gc, stage_function, task_gc
 
 __all__ = ["build_dataframes", "check_bounded", "run_plan"]
 
@@ -507,7 +507,7 @@ def _positioned(df: Any) -> Any:
 def _guard(step_id: str, body: Callable[[Iterator[Any]], Iterator[Any]]) -> Callable[[Iterator[Any]], Iterator[Any]]:
     def fn(batches: Iterator[Any]) -> Iterator[Any]:
         try:
-            with no_gc():
+            with task_gc():
                 yield from body(batches)
         except Exception as e:  # noqa: BLE001
             raise RuntimeError(encode_task_error(_fail(step_id, e))) from None

@@ -127,11 +127,11 @@ def routed_stage_function(
         import pyarrow as pa
 
         from flowspark._time import use_clock
-        from flowspark.spark.worker.stage import no_gc
+        from flowspark.spark.worker.stage import task_gc
 
         t = clock() if clock is not None else datetime.now(timezone.utc)
         try:
-            with use_clock(lambda: t), no_gc():
+            with use_clock(lambda: t), task_gc():
                 for b in batches:
                     ps = b.column(0).to_pylist()
                     keep = [i for i, p in enumerate(ps) if p in route.forward]

@@ -54,9 +54,9 @@ from flowspark.spark.worker.stage import (
     column_key_runs,
     dead_rows,
     dict_rows,
-    no_gc,
     run_stage_rows,
     stage_drivers,
+    task_gc,
 )
 from flowspark.spark.worker.times import aware_times
 
@@ -569,7 +569,7 @@ class BucketDriver:
         # driver, the next keyed stage), and the stateless ops after the chain work item by item.
         dead: Optional[list[tuple[bytes, Any]]] = [] if self.spec.dead_letter else None
         try:
-            with use_clock(lambda: now), no_gc():
+            with use_clock(lambda: now), task_gc():
                 if self.flat or self.sink_values:
                     runs = self._column_runs(pdfs, values_only=True) if self.column_key else self._row_runs(pdfs, True)
                     if self.flat:
