@@ -26,18 +26,46 @@ def _without_source_runner_eof(lines: list[str]) -> list[str]:
     When a query stops, Spark may close the socket of its Python data source's planning
     process (`python_streaming_source_runner`) before it ends that process, which then prints
     an `EOFError` trace from its wait for the next call (seen once in two full suite runs, on
-    2026-11-27; a known limitation, docs/streaming.md "Errors and Spark's log"). Only a trace
-    that is exactly that goes; any other line stays.
+    2026-11-27; a known limitation, docs/streaming.md "Errors and Spark's log"). Spark may also
+    end the process while it prints: the trace stops before its `EOFError` line (seen once,
+    2026-11-30). Only a trace whose frames include the runner's wait (`func_id = read_int(infile)`) and
+    whose exception line, if printed, is `EOFError` goes; any other line stays.
     """
-    text = "\n".join(lines)
-    if not all(m in text for m in ("python_streaming_source_runner.py", "func_id = read_int(infile)", "EOFError")):
-        return lines
-    import re
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        if lines[i] != "Traceback (most recent call last):":
+            out.append(lines[i])
+            i += 1
+            continue
+        j = i + 1
+        while j < len(lines) and lines[j].startswith(" "):
+            j += 1
+        frames = "\n".join(lines[i + 1 : j])
+        last = lines[j] if j < len(lines) else None
+        ends_in_wait = "python_streaming_source_runner.py" in frames and "func_id = read_int(infile)" in frames
+        if ends_in_wait and (last is None or last.startswith("EOFError")):
+            i = j if last is None else j + 1
+            continue
+        out.append(lines[i])
+        i += 1
+    return out
 
-    shape = re.compile(
-        r"^(Traceback \(most recent call last\):|During handling of the above exception|\s|[\w.]*(Error|Exception)\b)"
-    )
-    return [ln for ln in lines if not shape.match(ln)]
+
+def test_only_the_source_runners_own_eof_trace_is_left_out():
+    runner = [
+        "Traceback (most recent call last):",
+        '  File "/x/pyspark/sql/streaming/python_streaming_source_runner.py", line 265, in main',
+        "    func_id = read_int(infile)",
+        '  File "/x/pyspark/serializers.py", line 596, in read_int',
+        "    raise EOFError",
+    ]
+    assert _without_source_runner_eof(["a", *runner, "EOFError", "b"]) == ["a", "b"]
+    assert _without_source_runner_eof(["a", *runner[:3]]) == ["a"]  # the process ended while printing
+    other = ["ValueError: boom"]
+    assert _without_source_runner_eof([*runner, *other]) == [*runner, *other]
+    elsewhere = ["Traceback (most recent call last):", '  File "/x/flow.py", line 3, in f', "EOFError"]
+    assert _without_source_runner_eof(elsewhere) == elsewhere
 
 
 @contextmanager
