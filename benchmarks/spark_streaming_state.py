@@ -14,8 +14,8 @@ The flow is what a user writes: `SparkSource("parquet", streaming=True)` -> `key
 Printed: seconds per hot micro-batch (median of Spark's `triggerExecution` durations), its
 ratio to the smallest N in the same layout, the first hot micro-batch after the fill over the
 median of the next ones (target <= 2x), the fill rate (new keys/s), and each layout's figures
-over the bucket layout's (fill target >= 1.0x). Everything runs in one process with one session, so the
-ratios are measured in one run.
+over the bucket layout's (fill target >= 1.0x). Everything runs in one process with one
+session, so the ratios are measured in one run.
 
 `--timers 10000,1000000`: the same with `op.stateful` whose logic keeps a `notify_at` one
 hour ahead for every key (none is due during the run): every key in state holds a pending

@@ -39,6 +39,16 @@ def _entry(n: int, at: Any = None) -> tuple[Any, Any, bytes]:
     return ([(n,)], at, b"run")
 
 
+def _filled(n: int, hot_cap: int, chunk_keys: int, timed: bool = False) -> tuple[FakeMapState, ChunkTable]:
+    """A new table with keys `k0..k<n-1>` set and flushed (`timed`: key i waits for T0 + i seconds)."""
+    ms = FakeMapState()
+    table = ChunkTable(ms, None, hot_cap=hot_cap, chunk_keys=chunk_keys)
+    for i in range(n):
+        table[f"k{i}"] = _entry(i, T0 + timedelta(seconds=i) if timed else None)
+    table.flush()
+    return ms, table
+
+
 def _check_copies(table: ChunkTable, ms: FakeMapState) -> None:
     """Each chunk row holds what `sizes` says; a copied key is hot and in its chunk, a clean copy equal to it."""
     chunks = {cid: pickle.loads(blob) for cid, blob in ms.rows.items()}
@@ -96,11 +106,7 @@ def test_random_calls_match_a_dict_and_chunks_split(seed):
 
 
 def test_a_call_over_hot_keys_makes_no_chunk_call():
-    ms = FakeMapState()
-    table = ChunkTable(ms, None, hot_cap=3, chunk_keys=2)
-    for i in range(20):
-        table[f"k{i}"] = _entry(i)
-    table.flush()
+    ms, table = _filled(20, hot_cap=3, chunk_keys=2)
     before = ms.calls
     table = ChunkTable(ms, table.meta(), hot_cap=3, chunk_keys=2)
     for key in ("k17", "k18", "k19"):
@@ -117,11 +123,7 @@ def test_a_call_over_hot_keys_makes_no_chunk_call():
 
 def test_new_hot_keys_after_a_fill_read_their_chunks_and_write_none():
     """A fill leaves clean copies of its last keys; touching other cold keys then rewrites no chunk."""
-    ms = FakeMapState()
-    table = ChunkTable(ms, None, hot_cap=50, chunk_keys=20)
-    for i in range(2000):
-        table[f"k{i}"] = _entry(i)
-    table.flush()
+    ms, table = _filled(2000, hot_cap=50, chunk_keys=20)
     assert len(table.copied) == 50
     assert all(table.copied.values())
     rows = dict(ms.rows)
@@ -154,11 +156,7 @@ def test_new_hot_keys_after_a_fill_read_their_chunks_and_write_none():
 
 
 def test_a_dropped_key_takes_its_chunk_copy_with_it():
-    ms = FakeMapState()
-    table = ChunkTable(ms, None, hot_cap=2, chunk_keys=10)
-    for i in range(30):
-        table[f"k{i}"] = _entry(i, T0 + timedelta(seconds=i))
-    table.flush()
+    ms, table = _filled(30, hot_cap=2, chunk_keys=10, timed=True)
     table = ChunkTable(ms, table.meta(), hot_cap=2, chunk_keys=10)
     assert table.get("k3") == _entry(3, T0 + timedelta(seconds=3))
     table["k3"] = _entry(4)  # a cold key changes: a stale copy stays in its chunk, waiting no longer
@@ -177,11 +175,7 @@ def test_a_dropped_key_takes_its_chunk_copy_with_it():
 
 
 def test_a_chunk_spark_dropped_by_ttl_leaves_the_count():
-    ms = FakeMapState()
-    table = ChunkTable(ms, None, hot_cap=1, chunk_keys=100)
-    for i in range(5):
-        table[f"k{i}"] = _entry(i)
-    table.flush()
+    ms, table = _filled(5, hot_cap=1, chunk_keys=100)
     assert table.keys == 5
     ms.rows.clear()  # what Spark's TTL does to rows unwritten for the TTL
     table = ChunkTable(ms, table.meta(), hot_cap=1, chunk_keys=100)
@@ -193,11 +187,7 @@ def test_a_chunk_spark_dropped_by_ttl_leaves_the_count():
 
 def test_cold_keys_waiting_for_a_notification_stay_in_their_chunks():
     """The bookkeeping row holds per chunk an earliest time and a count, not every waiting key."""
-    ms = FakeMapState()
-    table = ChunkTable(ms, None, hot_cap=2, chunk_keys=50)
-    for i in range(200):
-        table[f"k{i}"] = _entry(i, T0 + timedelta(seconds=i))
-    table.flush()
+    ms, table = _filled(200, hot_cap=2, chunk_keys=50, timed=True)
     meta = pickle.loads(table.meta())
     assert set(meta["pending"]) == set(table.hot)
     assert len(meta["pending"]) == 2
